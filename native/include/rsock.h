@@ -1,0 +1,160 @@
+/*
+ * rsock.h - the one contract between rsock's C engine and its users
+ * (the cffi extension, the C tests and the C benchmark).
+ *
+ * Conventions:
+ *   - every function returns >= 0 on success or -errno on failure
+ *     (never -1 + errno);
+ *   - handles are opaque; an rsk_sock is a listening or a connected stream
+ *     endpoint and owns one pollable fd (rsk_fileno) for its whole life;
+ *   - timeouts are in milliseconds: -1 blocks forever, 0 never blocks
+ *     (returns -EAGAIN), > 0 returns -ETIMEDOUT when it expires;
+ *   - calls may come from several threads at once (cffi drops the GIL);
+ *     rsk_close() may race with a blocked call, which then returns -EBADF;
+ *     the memory of the handle itself is released by rsk_free() only,
+ *     when no thread can still use it.
+ *
+ * The region between RSK_CDEF_BEGIN and RSK_CDEF_END is fed verbatim to
+ * cffi's cdef(), so it holds only plain declarations and integer #defines.
+ */
+#ifndef RSOCK_H
+#define RSOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* RSK_CDEF_BEGIN */
+
+#define RSK_PROTO_VERSION 1
+
+/* rsk_send / rsk_recv flags (values are rsock's own, not MSG_*) */
+#define RSK_F_PEEK 1
+#define RSK_F_WAITALL 2
+#define RSK_F_DONTWAIT 4
+
+/* rsk_shutdown how (same values as SHUT_RD/SHUT_WR/SHUT_RDWR) */
+#define RSK_SHUT_RD 0
+#define RSK_SHUT_WR 1
+#define RSK_SHUT_RDWR 2
+
+/* rsk_poll event bits (same values as POLLIN/POLLOUT/POLLERR/POLLHUP) */
+#define RSK_POLLIN 1
+#define RSK_POLLOUT 4
+#define RSK_POLLERR 8
+#define RSK_POLLHUP 16
+
+/* limits of the tunables (struct rsk_opts) */
+#define RSK_RING_MIN 4096
+#define RSK_RING_MAX 268435456
+#define RSK_QDEPTH_MIN 16
+#define RSK_QDEPTH_MAX 4096
+#define RSK_SPIN_MAX_US 1000000
+
+/* Per-connection tunables; both peers' values travel in the handshake. */
+struct rsk_opts {
+	uint32_t ring_size;  /* receive ring bytes, power of two */
+	uint32_t qdepth;     /* receive slots (message credits) and send queue */
+	uint32_t inline_max; /* sends up to this size go inline */
+	uint32_t spin_us;    /* busy-poll this long before sleeping */
+};
+
+/* An IPv4/IPv6 endpoint as carried in the handshake (network byte order
+ * for addr, host byte order for the rest). family is AF_INET or AF_INET6. */
+struct rsk_addr {
+	uint16_t family;
+	uint16_t port;
+	uint32_t flowinfo;
+	uint32_t scope_id;
+	uint8_t addr[16];
+};
+
+/* Per-connection counters (monotonic). */
+struct rsk_stats {
+	uint64_t tx_bytes;
+	uint64_t rx_bytes;
+	uint64_t tx_msgs;          /* data messages written to the peer */
+	uint64_t rx_msgs;          /* data messages received */
+	uint64_t tx_ctrl;          /* control messages (credits, shutdown...) */
+	uint64_t rx_ctrl;
+	uint64_t credit_stalls;    /* send waited for message credits */
+	uint64_t space_stalls;     /* send waited for remote ring space */
+	uint64_t arms;             /* notification armed */
+	uint64_t notifies_sent;    /* eventfd writes to the peer */
+	uint64_t spins;            /* waits satisfied while spinning */
+	uint64_t sleeps;           /* waits that slept in poll() */
+	uint64_t cq_polls;         /* provider poll_cq calls */
+	uint64_t completions;      /* completions reaped */
+};
+
+typedef struct rsk_sock rsk_sock;
+
+void rsk_opts_default(struct rsk_opts *o);
+/* Checks and normalises *o (rounds ring_size up to a power of two). */
+int rsk_opts_check(struct rsk_opts *o);
+
+/* A new, unconnected endpoint with its pollable fd. */
+int rsk_socket(rsk_sock **out);
+/* The endpoint's pollable fd: readable when data, EOF, an error or a
+ * pending connection is there (level-triggered once rsk_set_watch(s, 1)). */
+int rsk_fileno(rsk_sock *s);
+/* Keep the fd's readability exact after every call (costs a syscall or two
+ * on state changes); off by default, turned on when the fd is handed out. */
+int rsk_set_watch(rsk_sock *s, int on);
+int rsk_get_opts(rsk_sock *s, struct rsk_opts *o);
+int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o);
+
+/* Listening: each call adds one rendezvous name (an abstract Unix-domain
+ * name, without the leading NUL) to the endpoint; -EADDRINUSE if taken. */
+int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog);
+/* Accepts one connection; *out is a new connected endpoint (rsk_free it).
+ * src/dst receive the addresses the client announced. */
+int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
+	       struct rsk_addr *src, struct rsk_addr *dst);
+
+/* Connects through the rendezvous name; -ECONNREFUSED if nobody listens,
+ * -EACCES if the listener runs under another uid. */
+int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
+		const struct rsk_addr *src, const struct rsk_addr *dst,
+		int timeout_ms);
+
+/* Stream I/O. rsk_send copies straight from buf into the peer's ring and
+ * returns the bytes taken (all of them unless timeout/nonblocking).
+ * rsk_recv copies out of the local ring; 0 means EOF. */
+ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
+		 int timeout_ms);
+ssize_t rsk_recv(rsk_sock *s, void *buf, size_t len, int flags,
+		 int timeout_ms);
+/* Zero-copy receive: waits like rsk_recv, then points *ptr at up to len
+ * contiguous readable bytes in the ring and returns their count, holding
+ * the receive side; rsk_recv_done(s, n) consumes n of them and releases
+ * it. 0 means EOF (nothing held, no rsk_recv_done needed). */
+ssize_t rsk_recv_zc(rsk_sock *s, size_t len, int flags, int timeout_ms,
+		    const void **ptr);
+int rsk_recv_done(rsk_sock *s, size_t n);
+
+int rsk_shutdown(rsk_sock *s, int how);
+/* Current readiness, RSK_POLL* bits; never blocks. */
+int rsk_poll(rsk_sock *s);
+/* Blocks until one of events is ready or the timeout; returns revents. */
+int rsk_wait(rsk_sock *s, int events, int timeout_ms);
+/* Pending error (like SO_ERROR): returns and clears it, 0 if none. */
+int rsk_take_error(rsk_sock *s);
+/* Human-readable cause of the last connection failure ("" if none). */
+const char *rsk_detail(rsk_sock *s);
+int rsk_stats(rsk_sock *s, struct rsk_stats *st);
+/* Bounded: tells the peer, releases rings and fds, wakes blocked callers. */
+int rsk_close(rsk_sock *s);
+/* Releases the handle itself (after rsk_close; closes first if needed). */
+void rsk_free(rsk_sock *s);
+
+/* RSK_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RSOCK_H */

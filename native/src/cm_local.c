@@ -1,0 +1,430 @@
+// SPDX-License-Identifier: MIT
+/*
+ * cm_local.c - connection manager for peers on the same host.
+ *
+ * A listener binds a SOCK_SEQPACKET Unix socket in the abstract namespace
+ * (so it is scoped like the network namespace and never left behind on
+ * disk).  The client connects, checks that the listener runs under its own
+ * uid, and sends a REQ message with its memfd and eventfd (SCM_RIGHTS);
+ * the server checks the client's uid, answers REP with its own pair (or
+ * REJ with an errno).  Both sides then map each other's segment.  The
+ * socket stays open for the life of the connection as the liveness
+ * channel: when a process dies the kernel closes it and the survivor's
+ * pollable fd reports it.  See native/PROTOCOL.md.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "ring.h"
+
+#define CM_MAGIC 0x434b5352u /* "RSKC" little-endian */
+#define CM_REQ 1
+#define CM_REP 2
+#define CM_REJ 3
+/* a connecting client sends REQ right after connect(); a listener waits
+ * at most this long for it before dropping the attempt */
+#define CM_REQ_WAIT_MS 1000
+
+struct cm_msg {
+	uint32_t magic;
+	uint8_t version;
+	uint8_t kind;
+	uint16_t reason; /* CM_REJ: errno */
+	uint32_t ring_size;
+	uint32_t qdepth;
+	struct rsk_addr src;
+	struct rsk_addr dst;
+};
+
+static int cm_addr(const char *name, size_t namelen, struct sockaddr_un *sa,
+		   socklen_t *len)
+{
+	if (namelen == 0 || namelen > sizeof(sa->sun_path) - 1)
+		return -EINVAL;
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	memcpy(sa->sun_path + 1, name, namelen); /* abstract: leading NUL */
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + namelen);
+	return 0;
+}
+
+static int cm_peer_uid_ok(int fd)
+{
+	struct ucred cr;
+	socklen_t l = sizeof(cr);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) < 0)
+		return 0;
+	return cr.uid == geteuid();
+}
+
+int cm_listen_fd(const char *name, size_t namelen, int backlog)
+{
+	struct sockaddr_un sa;
+	socklen_t len;
+	int fd, rc;
+
+	rc = cm_addr(name, namelen, &sa, &len);
+	if (rc)
+		return rc;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&sa, len) < 0 ||
+	    listen(fd, backlog < 0 ? 0 : backlog) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+static int cm_send(int fd, const struct cm_msg *m, const int *fds, int nfds)
+{
+	union {
+		char buf[CMSG_SPACE(2 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = (void *)m, .iov_len = sizeof(*m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	struct cmsghdr *c;
+	ssize_t n;
+
+	if (nfds) {
+		memset(&u, 0, sizeof(u));
+		mh.msg_control = u.buf;
+		mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+		c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
+	}
+	do
+		n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	return n == sizeof(*m) ? 0 : -EPROTO;
+}
+
+/*
+ * Receives one message and exactly the fds it should carry (2 for REQ and
+ * REP, 0 for REJ), waiting up to timeout_ms.  Anything else is closed and
+ * rejected: the peer is untrusted.
+ */
+static int cm_recv(int fd, struct cm_msg *m, int fds[2], int timeout_ms)
+{
+	union {
+		char buf[CMSG_SPACE(4 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { .iov_base = m, .iov_len = sizeof(*m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	int64_t deadline = eng_deadline(timeout_ms);
+	struct pollfd pfd = { .fd = fd, .events = POLLIN };
+	struct cmsghdr *c;
+	int got[8], ngot = 0, i, rc, want;
+	ssize_t n;
+
+	fds[0] = fds[1] = -1;
+	for (;;) {
+		rc = poll(&pfd, 1, eng_ms_left(deadline));
+		if (rc > 0)
+			break;
+		if (rc == 0)
+			return -ETIMEDOUT;
+		if (errno != EINTR)
+			return -errno;
+	}
+	mh.msg_control = u.buf;
+	mh.msg_controllen = sizeof(u.buf);
+	do
+		n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		size_t k;
+
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (i = 0; i < (int)k && ngot < 8; i++)
+			memcpy(&got[ngot++], CMSG_DATA(c) + i * sizeof(int),
+			       sizeof(int));
+	}
+	rc = 0;
+	if (n == 0)
+		rc = -ECONNRESET;
+	else if (n != sizeof(*m) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
+		 m->magic != CM_MAGIC)
+		rc = -EPROTO;
+	want = rc == 0 && m->kind == CM_REJ ? 0 : 2;
+	if (rc == 0 && ngot != want)
+		rc = -EPROTO;
+	if (rc) {
+		for (i = 0; i < ngot; i++)
+			close(got[i]);
+		return rc;
+	}
+	for (i = 0; i < ngot; i++)
+		fds[i] = got[i];
+	return 0;
+}
+
+static int cm_addr_ok(const struct rsk_addr *a)
+{
+	return a->family == AF_INET || a->family == AF_INET6;
+}
+
+/* Validates a REQ/REP from the peer; on failure explains in detail. */
+static int cm_check(const struct cm_msg *m, int kind, char *detail,
+		    size_t dlen)
+{
+	if (m->kind != kind) {
+		snprintf(detail, dlen, "handshake: unexpected message kind %u",
+			 m->kind);
+		return -EPROTO;
+	}
+	if (m->version != RSK_PROTO_VERSION) {
+		snprintf(detail, dlen,
+			 "handshake: peer speaks protocol version %u, we speak %u",
+			 m->version, RSK_PROTO_VERSION);
+		return -EPROTONOSUPPORT;
+	}
+	if (!ring_is_pow2(m->ring_size) || m->ring_size < RSK_RING_MIN ||
+	    m->ring_size > RSK_RING_MAX || m->qdepth < RSK_QDEPTH_MIN ||
+	    m->qdepth > RSK_QDEPTH_MAX || !cm_addr_ok(&m->src) ||
+	    !cm_addr_ok(&m->dst)) {
+		snprintf(detail, dlen, "handshake: bad parameters");
+		return -EPROTO;
+	}
+	return 0;
+}
+
+/* Our half of a connection: a QP with every receive posted. */
+static int cm_make_qp(const struct rsk_opts *o, struct cm_result *res)
+{
+	uint32_t i;
+	int rc;
+
+	memset(res, 0, sizeof(*res));
+	res->live_fd = -1;
+	res->ops = &shm_ops;
+	rc = shm_qp_create(o->ring_size, o->qdepth, &res->qp);
+	if (rc)
+		return rc;
+	for (i = 0; i < o->qdepth; i++) {
+		rc = shm_ops.post_recv(res->qp, PROV_WRID_RECV | i);
+		if (rc) {
+			shm_ops.destroy(res->qp);
+			res->qp = NULL;
+			return rc;
+		}
+	}
+	res->area = shm_qp_area(res->qp);
+	return 0;
+}
+
+static void cm_fill(struct cm_msg *m, int kind, const struct rsk_opts *o)
+{
+	memset(m, 0, sizeof(*m));
+	m->magic = CM_MAGIC;
+	m->version = RSK_PROTO_VERSION;
+	m->kind = (uint8_t)kind;
+	if (o) {
+		m->ring_size = o->ring_size;
+		m->qdepth = o->qdepth;
+	}
+}
+
+static void cm_reject(int fd, int err)
+{
+	struct cm_msg m;
+
+	cm_fill(&m, CM_REJ, NULL);
+	m.reason = (uint16_t)err;
+	(void)cm_send(fd, &m, NULL, 0);
+}
+
+void cm_result_release(struct cm_result *res)
+{
+	if (res->qp)
+		res->ops->destroy(res->qp);
+	res->qp = NULL;
+	if (res->live_fd >= 0)
+		close(res->live_fd);
+	res->live_fd = -1;
+}
+
+int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
+		  char *detail, size_t dlen)
+{
+	struct cm_msg req, rep;
+	int fd, fds[2], mine[2], rc;
+
+	memset(res, 0, sizeof(*res));
+	res->live_fd = -1;
+	fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	if (fd < 0)
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	if (!cm_peer_uid_ok(fd)) {
+		snprintf(detail, dlen, "refused a client of another uid");
+		cm_reject(fd, EACCES);
+		close(fd);
+		return -EACCES;
+	}
+	rc = cm_recv(fd, &req, fds, CM_REQ_WAIT_MS);
+	if (rc) {
+		snprintf(detail, dlen, "handshake: bad or missing request");
+		close(fd);
+		return rc;
+	}
+	rc = cm_check(&req, CM_REQ, detail, dlen);
+	if (rc)
+		goto reject;
+	rc = cm_make_qp(o, res);
+	if (rc)
+		goto reject;
+	rc = shm_qp_attach(res->qp, fds[0], fds[1], req.ring_size, req.qdepth);
+	fds[0] = fds[1] = -1; /* consumed */
+	if (rc) {
+		snprintf(detail, dlen, "handshake: cannot map the client's ring");
+		goto reject;
+	}
+	cm_fill(&rep, CM_REP, o);
+	rep.src = req.src;
+	rep.dst = req.dst;
+	mine[0] = shm_qp_memfd(res->qp);
+	mine[1] = shm_qp_evfd(res->qp);
+	rc = cm_send(fd, &rep, mine, 2);
+	if (rc)
+		goto fail;
+	shm_qp_drop_memfd(res->qp);
+	if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	res->live_fd = fd;
+	res->peer_ring = req.ring_size;
+	res->peer_q = req.qdepth;
+	res->src = req.src;
+	res->dst = req.dst;
+	return 0;
+reject:
+	cm_reject(fd, -rc);
+fail:
+	if (fds[0] >= 0)
+		close(fds[0]);
+	if (fds[1] >= 0)
+		close(fds[1]);
+	close(fd);
+	cm_result_release(res);
+	return rc;
+}
+
+int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
+	       const struct rsk_addr *src, const struct rsk_addr *dst,
+	       int timeout_ms, struct cm_result *res, char *detail,
+	       size_t dlen)
+{
+	int64_t deadline = eng_deadline(timeout_ms);
+	struct sockaddr_un sa;
+	struct cm_msg req, rep;
+	socklen_t len;
+	int fd, rc, fds[2], mine[2];
+
+	memset(res, 0, sizeof(*res));
+	res->live_fd = -1;
+	if (!cm_addr_ok(src) || !cm_addr_ok(dst))
+		return -EINVAL;
+	rc = cm_addr(name, namelen, &sa, &len);
+	if (rc)
+		return rc;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	for (;;) {
+		if (connect(fd, (struct sockaddr *)&sa, len) == 0)
+			break;
+		rc = errno;
+		if (rc == EINTR)
+			continue;
+		if (rc == ENOENT || rc == ECONNREFUSED) {
+			snprintf(detail, dlen, "no rsock listener");
+			rc = -ECONNREFUSED;
+			goto out;
+		}
+		if (rc != EAGAIN) {
+			rc = -rc;
+			goto out;
+		}
+		/* the listener's backlog is full: retry until the deadline */
+		if (deadline >= 0 && eng_now_ns() >= deadline) {
+			rc = timeout_ms == 0 ? -EAGAIN : -ETIMEDOUT;
+			goto out;
+		}
+		usleep(1000);
+	}
+	if (!cm_peer_uid_ok(fd)) {
+		snprintf(detail, dlen, "the listener runs under another uid");
+		rc = -ECONNREFUSED;
+		goto out;
+	}
+	rc = cm_make_qp(o, res);
+	if (rc)
+		goto out;
+	cm_fill(&req, CM_REQ, o);
+	req.src = *src;
+	req.dst = *dst;
+	mine[0] = shm_qp_memfd(res->qp);
+	mine[1] = shm_qp_evfd(res->qp);
+	rc = cm_send(fd, &req, mine, 2);
+	if (rc)
+		goto out;
+	rc = cm_recv(fd, &rep, fds, deadline < 0 ? -1 : eng_ms_left(deadline));
+	if (rc == -ECONNRESET || rc == -EPIPE) {
+		snprintf(detail, dlen, "the listener dropped the handshake");
+		rc = -ECONNREFUSED;
+		goto out;
+	}
+	if (rc)
+		goto out;
+	if (rep.kind == CM_REJ) {
+		snprintf(detail, dlen, "the listener refused: %s",
+			 strerror(rep.reason));
+		rc = -ECONNREFUSED;
+		goto out;
+	}
+	rc = cm_check(&rep, CM_REP, detail, dlen);
+	if (rc) {
+		close(fds[0]);
+		close(fds[1]);
+		goto out;
+	}
+	rc = shm_qp_attach(res->qp, fds[0], fds[1], rep.ring_size, rep.qdepth);
+	if (rc) {
+		snprintf(detail, dlen, "handshake: cannot map the server's ring");
+		goto out;
+	}
+	shm_qp_drop_memfd(res->qp);
+	res->live_fd = fd;
+	res->peer_ring = rep.ring_size;
+	res->peer_q = rep.qdepth;
+	res->src = *src;
+	res->dst = *dst;
+	return 0;
+out:
+	close(fd);
+	cm_result_release(res);
+	return rc;
+}

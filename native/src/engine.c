@@ -1,0 +1,1170 @@
+// SPDX-License-Identifier: MIT
+/*
+ * engine.c - the rsock stream protocol over an RC-queue-pair provider.
+ *
+ * Invariants (see native/PROTOCOL.md for the wire side):
+ *   - ring bytes [r_head, r_tail) are data the peer wrote and the app has
+ *     not consumed; the peer never writes there because it only learns of
+ *     free space through our credits (consumed = r_head);
+ *   - the sender may write at most peer_rsize - (s_tail - s_acked) bytes
+ *     and send message seq k only while k < s_limit; data keeps
+ *     CREDIT_RESERVE message credits back for control messages;
+ *   - every value taken from the peer (imm, byte_len, ctrl slot) is checked
+ *     before use; a violation kills the connection (ECONNRESET + detail)
+ *     and nothing outside our rings is ever touched;
+ *   - a thread sleeps only after arm -> re-poll found nothing.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "ring.h"
+
+#define WC_BATCH 32
+
+/* ---------------------------------------------------------------- time */
+
+int64_t eng_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t eng_deadline(int timeout_ms)
+{
+	if (timeout_ms < 0)
+		return -1;
+	return eng_now_ns() + (int64_t)timeout_ms * 1000000;
+}
+
+/* Milliseconds until deadline for epoll_wait (-1 = forever, rounded up). */
+int eng_ms_left(int64_t deadline)
+{
+	int64_t left;
+
+	if (deadline < 0)
+		return -1;
+	left = deadline - eng_now_ns();
+	if (left <= 0)
+		return 0;
+	left = (left + 999999) / 1000000;
+	return left > 1000000000 ? 1000000000 : (int)left;
+}
+
+/* ------------------------------------------------------------- options */
+
+void rsk_opts_default(struct rsk_opts *o)
+{
+	o->ring_size = 1u << 20;
+	o->qdepth = 256;
+	o->inline_max = 256;
+	o->spin_us = 20;
+}
+
+int rsk_opts_check(struct rsk_opts *o)
+{
+	uint32_t r;
+
+	if (o->ring_size < RSK_RING_MIN || o->ring_size > RSK_RING_MAX)
+		return -EINVAL;
+	r = ring_roundup_pow2(o->ring_size);
+	if (!r || r > RSK_RING_MAX)
+		return -EINVAL;
+	o->ring_size = r;
+	if (o->qdepth < RSK_QDEPTH_MIN || o->qdepth > RSK_QDEPTH_MAX)
+		return -EINVAL;
+	if (o->spin_us > RSK_SPIN_MAX_US)
+		return -EINVAL;
+	return 0;
+}
+
+/* -------------------------------------------------------------- basics */
+
+static void eng_set_detail(rsk_sock *s, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(s->detail, sizeof(s->detail), fmt, ap);
+	va_end(ap);
+}
+
+int rsk_socket(rsk_sock **out)
+{
+	rsk_sock *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return -ENOMEM;
+	s->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (s->epfd < 0) {
+		int rc = -errno;
+
+		free(s);
+		return rc;
+	}
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	s->live_fd = -1;
+	rsk_opts_default(&s->opts);
+	*out = s;
+	return 0;
+}
+
+/* Enter an API call: lock, refuse closed sockets, count the user. */
+static int eng_enter(rsk_sock *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->closed) {
+		pthread_mutex_unlock(&s->lock);
+		return -EBADF;
+	}
+	s->users++;
+	return 0;
+}
+
+static void eng_release(rsk_sock *s);
+static void eng_sync_fd(rsk_sock *s);
+
+static void eng_leave(rsk_sock *s)
+{
+	if (!s->closed)
+		eng_sync_fd(s);
+	if (--s->users == 0 && s->closed)
+		eng_release(s);
+	pthread_mutex_unlock(&s->lock);
+}
+
+int rsk_fileno(rsk_sock *s)
+{
+	return s->epfd;
+}
+
+int rsk_get_opts(rsk_sock *s, struct rsk_opts *o)
+{
+	pthread_mutex_lock(&s->lock);
+	*o = s->opts;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o)
+{
+	struct rsk_opts n = *o;
+	int rc = rsk_opts_check(&n);
+
+	if (rc)
+		return rc;
+	if ((rc = eng_enter(s)))
+		return rc;
+	/* ring geometry is fixed once connected; spin time is not */
+	if (s->kind == K_CONN) {
+		if (n.ring_size != s->opts.ring_size || n.qdepth != s->opts.qdepth)
+			rc = -EISCONN;
+		else
+			s->opts.spin_us = n.spin_us;
+	} else {
+		s->opts = n;
+	}
+	eng_leave(s);
+	return rc;
+}
+
+/* ---------------------------------------------------- failure handling */
+
+static int eng_post_ctrl(rsk_sock *s, enum eng_op op);
+
+/* The connection is unusable from now on; tell the peer if we can. */
+static void eng_fail(rsk_sock *s, int err, int tell_peer, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (s->flags & F_DEAD)
+		return;
+	if (tell_peer && s->s_limit != s->s_msgs)
+		(void)eng_post_ctrl(s, OP_RESET);
+	s->flags |= F_DEAD;
+	s->err = err;
+	s->so_error = err;
+	va_start(ap, fmt);
+	vsnprintf(s->detail, sizeof(s->detail), fmt, ap);
+	va_end(ap);
+	pthread_cond_broadcast(&s->cond);
+}
+
+/* ------------------------------------------------------ control output */
+
+static uint32_t eng_credits(const rsk_sock *s)
+{
+	return s->s_limit - s->s_msgs;
+}
+
+static int eng_post(rsk_sock *s, const struct iovec *iov, int iovcnt,
+		    uint64_t roff, uint32_t imm, int inl)
+{
+	int flags = inl ? PROV_INLINE : 0;
+	uint64_t wr_id = 0;
+	int rc;
+
+	if (++s->s_unsignaled >= (s->opts.qdepth >> 2) || s->s_unsignaled >= 16) {
+		flags |= PROV_SIGNALED;
+		wr_id = s->s_unsignaled;
+		s->s_unsignaled = 0;
+	}
+	rc = s->ops->post_write_imm(s->qp, iov, iovcnt, roff, imm, flags, wr_id);
+	if (rc) {
+		eng_fail(s, ECONNRESET, 0, "provider %s: post failed (%s)",
+			 s->ops->name, strerror(-rc));
+		return rc;
+	}
+	s->sq_out++;
+	s->s_msgs++;
+	return 0;
+}
+
+/* Send one control message carrying our current credits. */
+static int eng_post_ctrl(rsk_sock *s, enum eng_op op)
+{
+	struct eng_ctrl m = {
+		.consumed = s->r_head,
+		.limit = s->r_reposted,
+		.op = op,
+	};
+	struct iovec iov = { .iov_base = &m, .iov_len = sizeof(m) };
+	uint64_t roff = (uint64_t)(s->s_msgs % s->peer_q) * sizeof(m);
+	int rc;
+
+	rc = eng_post(s, &iov, 1, roff, IMM(op, 0), 1);
+	if (rc)
+		return rc;
+	s->r_credited = m.consumed;
+	s->r_limit_sent = m.limit;
+	s->st.tx_ctrl++;
+	return 0;
+}
+
+static int eng_credit_due(const rsk_sock *s)
+{
+	return (s->pending & P_CREDIT) ||
+	       s->r_head - s->r_credited >= (s->rsize >> 1) ||
+	       s->r_reposted - s->r_limit_sent >= (s->lq >> 1);
+}
+
+/* Send what control traffic is due and allowed by the credit reserve. */
+static void eng_flush_ctrl(rsk_sock *s)
+{
+	if (s->flags & F_DEAD)
+		return;
+	if (eng_credit_due(s)) {
+		if (eng_credits(s) > 1 && !eng_post_ctrl(s, OP_CREDIT))
+			s->pending &= ~P_CREDIT;
+		else
+			s->pending |= P_CREDIT;
+	}
+	if ((s->pending & P_RESET) && eng_credits(s) > 0) {
+		s->pending &= ~(P_RESET | P_FIN);
+		eng_fail(s, ECONNRESET, 1, "connection reset");
+		return;
+	}
+	if ((s->pending & P_FIN) && eng_credits(s) > 0 &&
+	    !eng_post_ctrl(s, OP_FIN))
+		s->pending &= ~P_FIN;
+}
+
+/* ------------------------------------------------------- control input */
+
+static void eng_apply_ctrl(rsk_sock *s, const struct eng_ctrl *m)
+{
+	if (m->consumed < s->s_acked || m->consumed > s->s_tail) {
+		eng_fail(s, ECONNRESET, 1,
+			 "protocol violation: credit for %llu bytes, %llu sent",
+			 (unsigned long long)m->consumed,
+			 (unsigned long long)s->s_tail);
+		return;
+	}
+	if ((int32_t)(m->limit - s->s_limit) < 0 ||
+	    m->limit - s->s_msgs > s->peer_q) {
+		eng_fail(s, ECONNRESET, 1,
+			 "protocol violation: message limit %u (sent %u)",
+			 m->limit, s->s_msgs);
+		return;
+	}
+	s->s_acked = m->consumed;
+	s->s_limit = m->limit;
+}
+
+static void eng_handle_recv(rsk_sock *s, const struct prov_wc *wc)
+{
+	uint32_t op = wc->imm >> IMM_OP_SHIFT, arg = wc->imm & IMM_ARG_MASK;
+	uint32_t slot = s->r_msgs % s->lq;
+	struct eng_ctrl m;
+	int rc;
+
+	s->r_msgs++;
+	rc = s->ops->post_recv(s->qp, PROV_WRID_RECV | slot);
+	if (rc) {
+		eng_fail(s, ECONNRESET, 0, "provider %s: repost failed (%s)",
+			 s->ops->name, strerror(-rc));
+		return;
+	}
+	s->r_reposted++;
+
+	if (op == OP_DATA) {
+		if (arg != wc->byte_len ||
+		    !ring_msg_fits(s->r_head, s->r_tail, s->rsize, arg)) {
+			eng_fail(s, ECONNRESET, 1,
+				 "protocol violation: data message of %u bytes "
+				 "(imm %u) does not fit the ring",
+				 wc->byte_len, arg);
+			return;
+		}
+		if (s->flags & F_PEER_FIN) {
+			eng_fail(s, ECONNRESET, 1,
+				 "protocol violation: data after FIN");
+			return;
+		}
+		s->r_tail += arg;
+		s->st.rx_msgs++;
+		s->st.rx_bytes += arg;
+		return;
+	}
+	if (op > OP_KEEPALIVE || arg != 0 || wc->byte_len != sizeof(m)) {
+		eng_fail(s, ECONNRESET, 1,
+			 "protocol violation: opcode %u arg %u len %u", op, arg,
+			 wc->byte_len);
+		return;
+	}
+	memcpy(&m, s->lctrl + (size_t)slot * sizeof(m), sizeof(m));
+	if (m.op != op) {
+		eng_fail(s, ECONNRESET, 1,
+			 "protocol violation: ctrl slot op %u != imm op %u",
+			 m.op, op);
+		return;
+	}
+	s->st.rx_ctrl++;
+	eng_apply_ctrl(s, &m);
+	if (s->flags & F_DEAD)
+		return;
+	if (op == OP_FIN)
+		s->flags |= F_PEER_FIN;
+	else if (op == OP_RESET)
+		eng_fail(s, ECONNRESET, 0, "connection reset by peer");
+}
+
+/* Reap and handle completions, then send due control messages.
+ * Returns the number of completions handled. */
+static int eng_progress(rsk_sock *s)
+{
+	struct prov_wc wc[WC_BATCH];
+	int n, i, total = 0;
+
+	if (s->kind != K_CONN || (s->flags & F_DEAD))
+		return 0;
+	do {
+		n = s->ops->poll_cq(s->qp, wc, WC_BATCH);
+		s->st.cq_polls++;
+		for (i = 0; i < n && !(s->flags & F_DEAD); i++) {
+			if (wc[i].status) {
+				eng_fail(s, ECONNRESET, 0,
+					 "provider %s: completion error (%s)",
+					 s->ops->name, strerror(-wc[i].status));
+			} else if (wc[i].is_recv) {
+				eng_handle_recv(s, &wc[i]);
+			} else {
+				s->sq_out -= (uint32_t)wc[i].wr_id;
+			}
+		}
+		total += n;
+	} while (n == WC_BATCH && !(s->flags & F_DEAD));
+	s->st.completions += (uint64_t)total;
+	eng_flush_ctrl(s);
+	if (total)
+		pthread_cond_broadcast(&s->cond);
+	return total;
+}
+
+/* ------------------------------------------------------------ liveness */
+
+/* The liveness channel fired: closed (peer gone) or a protocol error. */
+static void eng_check_live(rsk_sock *s)
+{
+	char b;
+	ssize_t n;
+
+	if (s->live_fd < 0 || (s->flags & F_PEER_GONE))
+		return;
+	n = recv(s->live_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	/* gone: take in whatever it wrote before dying, then stop watching */
+	eng_progress(s);
+	s->flags |= F_PEER_GONE;
+	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
+	if (n > 0)
+		eng_fail(s, ECONNRESET, 1,
+			 "protocol violation: data on the liveness channel");
+	else if (!(s->flags & F_PEER_FIN) && !(s->flags & F_DEAD))
+		eng_set_detail(s, "peer vanished without closing");
+	pthread_cond_broadcast(&s->cond);
+}
+
+/* ----------------------------------------------------------- readiness */
+
+static int eng_readable(const rsk_sock *s)
+{
+	if (s->kind != K_CONN)
+		return 0;
+	return s->r_tail != s->r_head ||
+	       (s->flags & (F_PEER_FIN | F_PEER_GONE | F_DEAD | F_RD_SHUT));
+}
+
+static int eng_writable(const rsk_sock *s)
+{
+	if (s->kind != K_CONN)
+		return 0;
+	if (s->flags & (F_DEAD | F_PEER_GONE | F_WR_SHUT))
+		return 1; /* a send would not block: it fails */
+	return ring_space(s->s_acked, s->s_tail, s->peer_rsize) > 0 &&
+	       eng_credits(s) > CREDIT_RESERVE;
+}
+
+/*
+ * In watch mode the notify fd is kept readable exactly while the socket
+ * is: kick it when readable, otherwise drain it and arm, then re-poll
+ * (arm -> re-poll, so a completion that raced the arm is not missed).
+ */
+static void eng_sync_fd(rsk_sock *s)
+{
+	if (!s->watch || s->kind != K_CONN || s->fd_waiter || s->released)
+		return;
+	for (;;) {
+		if (eng_readable(s)) {
+			if (!s->kicked) {
+				s->ops->kick(s->qp);
+				s->kicked = 1;
+			}
+			return;
+		}
+		if (s->kicked || !s->ops->armed(s->qp)) {
+			s->ops->ack(s->qp);
+			s->kicked = 0;
+		}
+		if (s->ops->armed(s->qp))
+			return;
+		s->ops->arm(s->qp);
+		s->st.arms++;
+		if (!eng_progress(s))
+			return;
+	}
+}
+
+/* ---------------------------------------------------------------- wait */
+
+typedef int (*eng_pred)(const rsk_sock *s);
+
+/*
+ * Wait until ready(s), with s->lock held on entry and exit.  Spins for
+ * opts.spin_us first (polling the CQ, yielding the CPU between polls so a
+ * peer on the same core can run), then arms, re-polls and sleeps.
+ * Returns 0 when ready, -EAGAIN (non-blocking), -ETIMEDOUT, -EINTR or
+ * -EBADF (closed meanwhile).
+ */
+static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
+{
+	struct epoll_event ev[4];
+	int64_t spin_end = 0;
+	int n, i, rc;
+
+	for (;;) {
+		eng_progress(s);
+		if (s->closed)
+			return -EBADF;
+		if (ready(s))
+			return 0;
+		if (nb)
+			return -EAGAIN;
+		if (deadline >= 0 && eng_now_ns() >= deadline)
+			return -ETIMEDOUT;
+		if (s->kind == K_CONN && s->opts.spin_us && spin_end >= 0) {
+			if (!spin_end)
+				spin_end = eng_now_ns() +
+					   (int64_t)s->opts.spin_us * 1000;
+			if (eng_now_ns() < spin_end) {
+				int hit = s->ops->cq_pending(s->qp);
+
+				if (!hit) {
+					pthread_mutex_unlock(&s->lock);
+					sched_yield();
+					pthread_mutex_lock(&s->lock);
+				} else {
+					s->st.spins++;
+				}
+				continue;
+			}
+			spin_end = -1;
+		}
+		if (s->fd_waiter) {
+			/* someone sleeps on the fd; it broadcasts on progress */
+			if (deadline < 0) {
+				pthread_cond_wait(&s->cond, &s->lock);
+			} else {
+				struct timespec ts;
+				int64_t d = deadline - eng_now_ns();
+
+				clock_gettime(CLOCK_REALTIME, &ts);
+				d = d < 0 ? 0 : d;
+				ts.tv_sec += d / 1000000000;
+				ts.tv_nsec += d % 1000000000;
+				if (ts.tv_nsec >= 1000000000) {
+					ts.tv_sec++;
+					ts.tv_nsec -= 1000000000;
+				}
+				pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+			}
+			continue;
+		}
+		s->fd_waiter = 1;
+		if (s->kind == K_CONN && !(s->flags & F_DEAD)) {
+			s->ops->arm(s->qp);
+			s->st.arms++;
+			if (eng_progress(s) || ready(s)) {
+				s->ops->disarm(s->qp);
+				s->fd_waiter = 0;
+				continue;
+			}
+		}
+		s->st.sleeps++;
+		pthread_mutex_unlock(&s->lock);
+		n = epoll_wait(s->epfd, ev, 4, eng_ms_left(deadline));
+		rc = n < 0 ? -errno : 0;
+		pthread_mutex_lock(&s->lock);
+		s->fd_waiter = 0;
+		if (s->kind == K_CONN && !s->released) {
+			s->ops->ack(s->qp);
+			s->kicked = 0;
+			for (i = 0; i < n; i++)
+				if (ev[i].data.fd == s->live_fd)
+					eng_check_live(s);
+		}
+		pthread_cond_broadcast(&s->cond);
+		if (rc == -EINTR)
+			return rc;
+	}
+}
+
+/* ------------------------------------------------------------ send/recv */
+
+static int send_ready(const rsk_sock *s)
+{
+	return eng_writable(s);
+}
+
+static int recv_ready(const rsk_sock *s)
+{
+	return !s->rx_busy && eng_readable(s);
+}
+
+/* Error a send should report now, or 0. */
+static int send_error(const rsk_sock *s)
+{
+	if (s->kind != K_CONN)
+		return -EPIPE;
+	if (s->flags & F_DEAD)
+		return -s->err;
+	if (s->flags & F_WR_SHUT)
+		return -EPIPE;
+	if (s->flags & F_PEER_GONE)
+		return (s->flags & F_PEER_FIN) ? -EPIPE : -ECONNRESET;
+	return 0;
+}
+
+ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
+		 int timeout_ms)
+{
+	const uint8_t *p = buf;
+	int64_t deadline = eng_deadline(timeout_ms);
+	int nb = timeout_ms == 0 || (flags & RSK_F_DONTWAIT);
+	size_t done = 0;
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind == K_CONN && (s->flags & F_PEER_FIN) &&
+	    !(s->flags & F_PEER_GONE))
+		eng_check_live(s); /* a peer that closed makes sends fail */
+	while ((rc = send_error(s)) == 0 && (done < len || len == 0)) {
+		uint64_t space;
+		uint32_t n, credits;
+		struct iovec iov;
+
+		if (len == 0)
+			break;
+		eng_progress(s);
+		if ((rc = send_error(s)))
+			break;
+		space = ring_contig_space(s->s_acked, s->s_tail, s->peer_rsize);
+		credits = eng_credits(s);
+		if (space == 0 || credits <= CREDIT_RESERVE) {
+			if (space == 0)
+				s->st.space_stalls++;
+			else
+				s->st.credit_stalls++;
+			if (done && nb)
+				break;
+			rc = eng_wait(s, send_ready, deadline, nb);
+			if (rc)
+				break;
+			continue;
+		}
+		n = (uint32_t)(len - done < space ? len - done : space);
+		if (n > ENG_MAX_MSG)
+			n = ENG_MAX_MSG;
+		iov.iov_base = (void *)(p + done);
+		iov.iov_len = n;
+		rc = eng_post(s, &iov, 1,
+			      s->peer_ring_off +
+				      ring_off(s->s_tail, s->peer_rsize),
+			      IMM(OP_DATA, n), n <= s->opts.inline_max);
+		if (rc) {
+			rc = -s->err;
+			break;
+		}
+		s->s_tail += n;
+		s->st.tx_msgs++;
+		s->st.tx_bytes += n;
+		done += n;
+	}
+	eng_leave(s);
+	if (done)
+		return (ssize_t)done;
+	return rc == -ETIMEDOUT && nb ? -EAGAIN : rc;
+}
+
+/* Error or EOF (returns 0) a receive with no data should report. */
+static int recv_end(rsk_sock *s)
+{
+	if (s->kind != K_CONN)
+		return -ENOTCONN;
+	if (s->flags & F_DEAD)
+		return -s->err;
+	if (s->flags & (F_PEER_FIN | F_RD_SHUT))
+		return 0;
+	if (s->flags & F_PEER_GONE)
+		return -ECONNRESET;
+	return 1; /* nothing to report: wait */
+}
+
+/* Consume n bytes at the head and return credits as due. */
+static void eng_consume(rsk_sock *s, size_t n)
+{
+	s->r_head += n;
+	if (s->r_head - s->r_credited >= (s->rsize >> 1))
+		eng_flush_ctrl(s);
+}
+
+/* Wait for data; returns bytes readable (> 0), 0 at EOF, or -errno. */
+static ssize_t recv_wait(rsk_sock *s, int flags, int64_t deadline)
+{
+	int nb = (flags & RSK_F_DONTWAIT) || deadline == -2;
+	int rc;
+
+	for (;;) {
+		if (!s->rx_busy && s->r_tail != s->r_head)
+			return (ssize_t)(s->r_tail - s->r_head);
+		if (!s->rx_busy && (rc = recv_end(s)) <= 0)
+			return rc;
+		rc = eng_wait(s, recv_ready, deadline, nb);
+		if (rc)
+			return rc;
+	}
+}
+
+ssize_t rsk_recv(rsk_sock *s, void *buf, size_t len, int flags,
+		 int timeout_ms)
+{
+	int64_t deadline = timeout_ms == 0 ? -2 : eng_deadline(timeout_ms);
+	uint8_t *p = buf;
+	size_t done = 0;
+	ssize_t avail;
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (len == 0) {
+		rc = s->kind != K_CONN ? -ENOTCONN : 0;
+		eng_leave(s);
+		return rc;
+	}
+	for (;;) {
+		avail = recv_wait(s, done ? flags | RSK_F_DONTWAIT : flags,
+				  deadline);
+		if (avail <= 0)
+			break;
+		while (avail > 0 && done < len) {
+			uint64_t head = s->r_head + ((flags & RSK_F_PEEK) ? done : 0);
+			uint32_t c = ring_contig_data(head, s->r_tail, s->rsize);
+			size_t n = len - done < c ? len - done : c;
+
+			memcpy(p + done, s->ring + ring_off(head, s->rsize), n);
+			done += n;
+			avail -= (ssize_t)n;
+			if (!(flags & RSK_F_PEEK))
+				eng_consume(s, n);
+		}
+		if (done == len || !(flags & RSK_F_WAITALL) ||
+		    (flags & RSK_F_PEEK))
+			break;
+		/* WAITALL: go on blocking for the rest */
+		avail = recv_wait(s, flags, deadline);
+		if (avail <= 0)
+			break;
+	}
+	eng_leave(s);
+	if (done)
+		return (ssize_t)done;
+	return avail == -ETIMEDOUT && deadline == -2 ? -EAGAIN : avail;
+}
+
+ssize_t rsk_recv_zc(rsk_sock *s, size_t len, int flags, int timeout_ms,
+		    const void **ptr)
+{
+	int64_t deadline = timeout_ms == 0 ? -2 : eng_deadline(timeout_ms);
+	ssize_t avail;
+	uint32_t c;
+	int rc;
+
+	*ptr = NULL;
+	if ((rc = eng_enter(s)))
+		return rc;
+	avail = recv_wait(s, flags, deadline);
+	if (avail > 0 && len > 0) {
+		c = ring_contig_data(s->r_head, s->r_tail, s->rsize);
+		avail = (ssize_t)(len < c ? len : c);
+		*ptr = s->ring + ring_off(s->r_head, s->rsize);
+		s->rx_busy = 1;
+		s->users++; /* the held head keeps the rings alive */
+	} else if (avail > 0) {
+		avail = 0;
+	}
+	eng_leave(s);
+	return avail;
+}
+
+int rsk_recv_done(rsk_sock *s, size_t n)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (!s->rx_busy) {
+		pthread_mutex_unlock(&s->lock);
+		return -EINVAL;
+	}
+	s->rx_busy = 0;
+	if (!s->closed && !s->released) {
+		if (n > s->r_tail - s->r_head)
+			rc = -EINVAL;
+		else
+			eng_consume(s, n);
+	}
+	pthread_cond_broadcast(&s->cond);
+	eng_leave(s); /* drops the user taken by rsk_recv_zc */
+	return rc;
+}
+
+/* ------------------------------------------------------------- control */
+
+int rsk_shutdown(rsk_sock *s, int how)
+{
+	int rc;
+
+	if (how < RSK_SHUT_RD || how > RSK_SHUT_RDWR)
+		return -EINVAL;
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind != K_CONN) {
+		rc = -ENOTCONN;
+	} else {
+		if (how != RSK_SHUT_WR) {
+			s->flags |= F_RD_SHUT;
+			pthread_cond_broadcast(&s->cond);
+			if (s->fd_waiter)
+				s->ops->kick(s->qp);
+		}
+		if (how != RSK_SHUT_RD && !(s->flags & F_WR_SHUT)) {
+			s->flags |= F_WR_SHUT;
+			s->pending |= P_FIN;
+			eng_progress(s);
+			eng_flush_ctrl(s);
+		}
+	}
+	eng_leave(s);
+	return rc;
+}
+
+int rsk_poll(rsk_sock *s)
+{
+	int rev = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->closed) {
+		pthread_mutex_unlock(&s->lock);
+		return RSK_POLLERR;
+	}
+	if (s->kind == K_CONN) {
+		eng_progress(s);
+		if (eng_readable(s))
+			rev |= RSK_POLLIN;
+		if (eng_writable(s))
+			rev |= RSK_POLLOUT;
+		if (s->flags & F_DEAD)
+			rev |= RSK_POLLERR;
+		if ((s->flags & F_PEER_GONE) ||
+		    ((s->flags & F_PEER_FIN) && (s->flags & F_WR_SHUT)))
+			rev |= RSK_POLLHUP;
+	} else if (s->kind == K_LISTEN) {
+		struct pollfd pfd[RSK_MAX_NAMES];
+		int i;
+
+		for (i = 0; i < s->nlfd; i++)
+			pfd[i] = (struct pollfd){ .fd = s->lfd[i], .events = POLLIN };
+		if (poll(pfd, (nfds_t)s->nlfd, 0) > 0)
+			rev |= RSK_POLLIN;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rev;
+}
+
+static int any_ready(const rsk_sock *s)
+{
+	return eng_readable(s) || eng_writable(s);
+}
+
+int rsk_wait(rsk_sock *s, int events, int timeout_ms)
+{
+	eng_pred pred;
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind != K_CONN) {
+		eng_leave(s);
+		return -ENOTCONN;
+	}
+	if ((events & RSK_POLLIN) && (events & RSK_POLLOUT))
+		pred = any_ready;
+	else if (events & RSK_POLLOUT)
+		pred = send_ready;
+	else
+		pred = recv_ready;
+	rc = eng_wait(s, pred, eng_deadline(timeout_ms), timeout_ms == 0);
+	eng_leave(s);
+	if (rc == -ETIMEDOUT || rc == -EAGAIN)
+		return 0;
+	return rc < 0 ? rc : rsk_poll(s);
+}
+
+int rsk_take_error(rsk_sock *s)
+{
+	int e;
+
+	pthread_mutex_lock(&s->lock);
+	e = s->so_error;
+	s->so_error = 0;
+	pthread_mutex_unlock(&s->lock);
+	return e;
+}
+
+const char *rsk_detail(rsk_sock *s)
+{
+	return s->detail;
+}
+
+int rsk_stats(rsk_sock *s, struct rsk_stats *st)
+{
+	pthread_mutex_lock(&s->lock);
+	*st = s->st;
+	if (s->kind == K_CONN && !s->released)
+		st->notifies_sent = s->ops->notifies_sent(s->qp);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+int rsk_set_watch(rsk_sock *s, int on)
+{
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	s->watch = !!on;
+	eng_leave(s); /* syncs the fd */
+	return 0;
+}
+
+/* ---------------------------------------------------- connection setup */
+
+static int eng_attach(rsk_sock *s, struct cm_result *res)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	int rc;
+
+	s->ops = res->ops;
+	s->qp = res->qp;
+	s->live_fd = res->live_fd;
+	s->lctrl = res->area;
+	s->rsize = s->opts.ring_size;
+	s->lq = s->opts.qdepth;
+	s->ring = res->area + prov_ctrl_len(s->lq);
+	s->peer_rsize = res->peer_ring;
+	s->peer_q = res->peer_q;
+	s->peer_ring_off = prov_ctrl_len(res->peer_q);
+	s->r_reposted = s->lq;
+	s->r_limit_sent = s->lq;
+	s->s_limit = res->peer_q;
+	ev.data.fd = s->ops->notify_fd(s->qp);
+	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
+		goto fail;
+	ev.events = EPOLLIN | EPOLLRDHUP;
+	ev.data.fd = s->live_fd;
+	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->live_fd, &ev) < 0)
+		goto fail;
+	res->qp = NULL;
+	res->live_fd = -1;
+	s->kind = K_CONN;
+	s->flags = F_CONN;
+	return 0;
+fail:
+	rc = -errno;
+	s->ops = NULL;
+	s->qp = NULL;
+	s->live_fd = -1;
+	return rc;
+}
+
+int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	int rc, fd;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind == K_CONN)
+		rc = -EISCONN;
+	else if (s->nlfd == RSK_MAX_NAMES)
+		rc = -ENOSPC;
+	if (rc)
+		goto out;
+	fd = cm_listen_fd(name, namelen, backlog);
+	if (fd < 0) {
+		rc = fd;
+		goto out;
+	}
+	ev.data.fd = fd;
+	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		rc = -errno;
+		close(fd);
+		goto out;
+	}
+	s->lfd[s->nlfd++] = fd;
+	s->kind = K_LISTEN;
+out:
+	eng_leave(s);
+	return rc;
+}
+
+int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
+	       struct rsk_addr *src, struct rsk_addr *dst)
+{
+	int64_t deadline = eng_deadline(timeout_ms);
+	struct cm_result res;
+	struct epoll_event ev[RSK_MAX_NAMES];
+	rsk_sock *c = NULL;
+	int rc, i, n;
+
+	*out = NULL;
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind != K_LISTEN) {
+		rc = -EINVAL;
+		goto out;
+	}
+	for (;;) {
+		rc = -EAGAIN;
+		for (i = 0; i < s->nlfd && rc == -EAGAIN; i++) {
+			rc = cm_accept_one(s->lfd[i], &s->opts, &res, s->detail,
+					   sizeof(s->detail));
+			/* a failed handshake only costs that client */
+			if (rc < 0 && rc != -EAGAIN && rc != -EMFILE &&
+			    rc != -ENFILE && rc != -ENOMEM)
+				rc = -EAGAIN;
+		}
+		if (rc != -EAGAIN)
+			break;
+		if (timeout_ms == 0)
+			goto out;
+		if (s->closed) {
+			rc = -EBADF;
+			goto out;
+		}
+		pthread_mutex_unlock(&s->lock);
+		n = epoll_wait(s->epfd, ev, RSK_MAX_NAMES, eng_ms_left(deadline));
+		rc = n < 0 ? -errno : 0;
+		pthread_mutex_lock(&s->lock);
+		if (s->closed) {
+			rc = -EBADF;
+			goto out;
+		}
+		if (rc == -EINTR)
+			goto out;
+		if (n == 0 && deadline >= 0 && eng_now_ns() >= deadline) {
+			rc = -ETIMEDOUT;
+			goto out;
+		}
+	}
+	if (rc < 0)
+		goto out;
+	rc = rsk_socket(&c);
+	if (rc)
+		goto fail;
+	c->opts = s->opts;
+	rc = eng_attach(c, &res);
+	if (rc)
+		goto fail;
+	if (src)
+		*src = res.src;
+	if (dst)
+		*dst = res.dst;
+	*out = c;
+	goto out;
+fail:
+	cm_result_release(&res);
+	if (c)
+		rsk_free(c);
+out:
+	eng_leave(s);
+	return rc;
+}
+
+int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
+		const struct rsk_addr *src, const struct rsk_addr *dst,
+		int timeout_ms)
+{
+	struct cm_result res;
+	struct rsk_opts o;
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind == K_CONN)
+		rc = -EISCONN;
+	else if (s->kind == K_LISTEN)
+		rc = -EINVAL;
+	if (rc)
+		goto out;
+	o = s->opts;
+	/* the handshake runs unlocked: close() may interrupt it */
+	s->detail[0] = 0;
+	pthread_mutex_unlock(&s->lock);
+	rc = cm_connect(name, namelen, &o, src, dst, timeout_ms, &res,
+			s->detail, sizeof(s->detail));
+	pthread_mutex_lock(&s->lock);
+	if (rc)
+		goto out;
+	if (s->closed) {
+		cm_result_release(&res);
+		rc = -EBADF;
+		goto out;
+	}
+	rc = eng_attach(s, &res);
+	if (rc)
+		cm_result_release(&res);
+out:
+	eng_leave(s);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- close */
+
+/* Frees rings and fds; s->lock held, no user left. */
+static void eng_release(rsk_sock *s)
+{
+	int i;
+
+	if (s->released)
+		return;
+	s->released = 1;
+	if (s->qp)
+		s->ops->destroy(s->qp);
+	s->qp = NULL;
+	if (s->live_fd >= 0)
+		close(s->live_fd);
+	s->live_fd = -1;
+	for (i = 0; i < s->nlfd; i++)
+		close(s->lfd[i]);
+	s->nlfd = 0;
+	close(s->epfd);
+	s->epfd = -1;
+}
+
+int rsk_close(rsk_sock *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->closed) {
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
+	if (s->kind == K_CONN && !(s->flags & F_DEAD)) {
+		eng_progress(s);
+		/* unread data makes close abortive, as with TCP */
+		if (s->r_tail != s->r_head && !(s->flags & F_DEAD) &&
+		    eng_credits(s) > 0) {
+			eng_fail(s, ECONNRESET, 1, "closed with unread data");
+		} else if (!(s->flags & F_WR_SHUT) || (s->pending & P_FIN)) {
+			s->flags |= F_WR_SHUT;
+			s->pending |= P_FIN;
+			eng_flush_ctrl(s);
+		}
+	}
+	s->closed = 1;
+	pthread_cond_broadcast(&s->cond);
+	if (s->users == 0) {
+		eng_release(s);
+	} else if (s->kind == K_CONN && s->qp) {
+		s->ops->kick(s->qp); /* wake the thread in epoll_wait */
+	} else if (s->kind == K_LISTEN) {
+		/* wake accept: shutting the listeners down makes them readable */
+		int i;
+
+		for (i = 0; i < s->nlfd; i++)
+			shutdown(s->lfd[i], SHUT_RDWR);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+void rsk_free(rsk_sock *s)
+{
+	if (!s)
+		return;
+	rsk_close(s);
+	pthread_mutex_lock(&s->lock);
+	if (s->users) {
+		/* cannot happen through the Python layer (the handle outlives
+		 * every call); leak rather than free memory in use */
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	pthread_mutex_unlock(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}

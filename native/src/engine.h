@@ -1,0 +1,150 @@
+/*
+ * engine.h - private to native/src: the connection object and the
+ * interface between the engine and the connection managers.
+ */
+#ifndef RSK_ENGINE_H
+#define RSK_ENGINE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "prov.h"
+#include "rsock.h"
+
+/* imm data: 3-bit opcode, 29-bit argument (rsockets' rs_msg layout) */
+#define IMM_OP_SHIFT 29
+#define IMM_ARG_MASK ((1u << IMM_OP_SHIFT) - 1)
+#define IMM(op, arg) (((uint32_t)(op) << IMM_OP_SHIFT) | ((arg) & IMM_ARG_MASK))
+
+enum eng_op {
+	OP_DATA = 0,      /* arg = length; payload in the ring at the tail */
+	OP_CREDIT = 1,    /* ctrl slot: credits */
+	OP_FIN = 2,       /* ctrl slot: credits; no more data follows */
+	OP_RESET = 3,     /* ctrl slot: credits; abortive close */
+	OP_KEEPALIVE = 4, /* ctrl slot: credits; nothing else */
+};
+
+/* What a control message writes into the peer's ctrl slot. */
+struct eng_ctrl {
+	uint64_t consumed; /* total ring bytes the app has consumed */
+	uint32_t limit;    /* the peer may send messages with seq < limit */
+	uint32_t op;       /* copy of the opcode (checked against imm) */
+};
+_Static_assert(sizeof(struct eng_ctrl) == 16, "ctrl slot is 16 bytes");
+
+/* Message credits kept back from data: one for CREDIT, one for FIN/RESET,
+ * so a credit update or a close can always be sent. */
+#define CREDIT_RESERVE 2
+
+/* Largest single data message (the receiver can consume the head of a
+ * large send while its tail is still being written). */
+#define ENG_MAX_MSG (256u * 1024)
+
+/* connection flags */
+#define F_CONN 0x01      /* handshake done, rings attached */
+#define F_WR_SHUT 0x02   /* we will send no more data (FIN queued/sent) */
+#define F_RD_SHUT 0x04   /* local shutdown(SHUT_RD) */
+#define F_PEER_FIN 0x08  /* the peer sent FIN */
+#define F_PEER_GONE 0x10 /* the peer's liveness channel closed */
+#define F_DEAD 0x20      /* QP unusable: error or reset */
+
+/* pending control messages */
+#define P_CREDIT 0x1
+#define P_FIN 0x2
+#define P_RESET 0x4
+
+enum rsk_kind { K_NEW = 0, K_LISTEN, K_CONN };
+
+#define RSK_MAX_NAMES 4
+
+struct rsk_sock {
+	/*
+	 * Locking: `lock` protects every field below and every call into the
+	 * provider.  It is the only lock of a socket (there is no lock order
+	 * to keep); it is never held while sleeping: exactly one thread (the
+	 * fd_waiter) sleeps in epoll_wait on epfd, every other waiter sleeps
+	 * on `cond`, and whoever makes progress broadcasts `cond`.
+	 */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int epfd;
+	enum rsk_kind kind;
+	int users;    /* calls in flight (and a held zero-copy receive) */
+	int closed;   /* rsk_close called: new calls get -EBADF */
+	int released; /* rings and fds gone */
+	int fd_waiter;
+	int watch;
+	int kicked; /* we made our own notify fd readable */
+	int err;    /* sticky connection error (positive errno) */
+	int so_error;
+	struct rsk_opts opts;
+	char detail[160];
+
+	/* listener */
+	int lfd[RSK_MAX_NAMES];
+	int nlfd;
+
+	/* connection */
+	const struct prov_ops *ops;
+	struct prov_qp *qp;
+	int live_fd;
+	unsigned flags;
+	unsigned pending;
+	uint8_t *lctrl;
+	uint8_t *ring;
+	uint32_t rsize;
+	uint32_t lq;
+	uint32_t peer_rsize;
+	uint32_t peer_q;
+	uint64_t peer_ring_off;
+
+	/* receive side */
+	uint64_t r_head;     /* consumed by the app */
+	uint64_t r_tail;     /* written by the peer (completed) */
+	uint64_t r_credited; /* r_head last told to the peer */
+	uint32_t r_msgs;     /* messages received (ctrl slot index) */
+	uint32_t r_reposted; /* receives posted in total */
+	uint32_t r_limit_sent;
+	int rx_busy; /* a zero-copy receive holds the head */
+
+	/* send side */
+	uint64_t s_tail;  /* bytes written into the peer's ring */
+	uint64_t s_acked; /* bytes the peer's app consumed */
+	uint32_t s_msgs;  /* messages sent (any op) */
+	uint32_t s_limit; /* may send seq < s_limit */
+	uint32_t s_unsignaled;
+	uint32_t sq_out;
+
+	struct rsk_stats st;
+};
+
+/* What a connection manager hands the engine. */
+struct cm_result {
+	const struct prov_ops *ops;
+	struct prov_qp *qp;
+	uint8_t *area; /* our recv area */
+	int live_fd;
+	uint32_t peer_ring;
+	uint32_t peer_q;
+	struct rsk_addr src;
+	struct rsk_addr dst;
+};
+
+/* cm_local.c */
+int cm_listen_fd(const char *name, size_t namelen, int backlog);
+/* 0 and *res filled, -EAGAIN if no connection is pending, other -errno
+ * for a failed attempt (the caller goes on accepting). */
+int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
+		  char *detail, size_t dlen);
+int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
+	       const struct rsk_addr *src, const struct rsk_addr *dst,
+	       int timeout_ms, struct cm_result *res, char *detail,
+	       size_t dlen);
+void cm_result_release(struct cm_result *res);
+
+/* time helpers */
+int64_t eng_now_ns(void);
+int64_t eng_deadline(int timeout_ms);
+int eng_ms_left(int64_t deadline);
+
+#endif

@@ -1,0 +1,95 @@
+/*
+ * prov.h - the RC-queue-pair shape every provider implements.
+ *
+ * A provider connects two "recv areas" (one per side, registered for
+ * remote write) and offers the few verbs the engine needs: post a
+ * zero-length receive, post an RDMA WRITE WITH IMMEDIATE into the peer's
+ * area, poll a completion queue, and arm a notification fd.  Completion
+ * semantics follow RC: writes land in order, each write-with-imm consumes
+ * one posted receive at the peer and produces one receive completion there
+ * (carrying imm and byte_len); a send completion is produced only for
+ * signaled writes.  A write outside the peer's area, or with no receive
+ * posted, puts the QP in the error state (as an HCA would).
+ */
+#ifndef RSK_PROV_H
+#define RSK_PROV_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define PROV_SIGNALED 1
+#define PROV_INLINE 2
+
+/* wr_id tag for receive completions (high bit), as rsockets does */
+#define PROV_WRID_RECV (1ull << 63)
+
+struct prov_wc {
+	uint64_t wr_id;
+	uint32_t imm;
+	uint32_t byte_len;
+	int status; /* 0 or -errno (the QP is then in error) */
+	int is_recv;
+};
+
+struct prov_qp;
+
+struct prov_ops {
+	const char *name;
+	int (*post_recv)(struct prov_qp *qp, uint64_t wr_id);
+	int (*post_write_imm)(struct prov_qp *qp, const struct iovec *iov,
+			      int iovcnt, uint64_t remote_off, uint32_t imm,
+			      int flags, uint64_t wr_id);
+	/* Non-blocking; returns the number of completions stored in wc. */
+	int (*poll_cq)(struct prov_qp *qp, struct prov_wc *wc, int n);
+	/* Cheap check: may poll_cq return something? (no side effects) */
+	int (*cq_pending)(struct prov_qp *qp);
+	/* Ask for the notify fd to become readable at the next completion. */
+	void (*arm)(struct prov_qp *qp);
+	/* Withdraw a request made by arm (best effort). */
+	void (*disarm)(struct prov_qp *qp);
+	/* Is a notification request still outstanding? */
+	int (*armed)(struct prov_qp *qp);
+	/* Consume notifications (make the notify fd unreadable). */
+	void (*ack)(struct prov_qp *qp);
+	/* Make the notify fd readable ourselves (wake local waiters). */
+	void (*kick)(struct prov_qp *qp);
+	int (*notify_fd)(struct prov_qp *qp);
+	/* Eventfd writes made to wake the peer. */
+	uint64_t (*notifies_sent)(struct prov_qp *qp);
+	void (*destroy)(struct prov_qp *qp);
+};
+
+/* Layout of a recv area: control slots (one per receive slot, 16 bytes
+ * each, 64-byte aligned as a block) followed by the data ring. */
+static inline size_t prov_ctrl_len(uint32_t qdepth)
+{
+	return ((size_t)qdepth * 16 + 63) & ~(size_t)63;
+}
+
+static inline size_t prov_area_len(uint32_t qdepth, uint32_t ring_size)
+{
+	return prov_ctrl_len(qdepth) + ring_size;
+}
+
+/* --- shm provider ------------------------------------------------------ */
+
+extern const struct prov_ops shm_ops;
+
+/* Creates our half: a sealed 0600 memfd holding our header, our receive
+ * CQ and our recv area, plus our notify eventfd.  Posts nothing. */
+int shm_qp_create(uint32_t ring_size, uint32_t qdepth, struct prov_qp **out);
+/* The fds to hand to the peer (still owned by the qp). */
+int shm_qp_memfd(struct prov_qp *qp);
+int shm_qp_evfd(struct prov_qp *qp);
+/* Our recv area (ctrl slots + ring). */
+uint8_t *shm_qp_area(struct prov_qp *qp);
+/* Maps the peer's half from the fds it sent (both are consumed: closed
+ * on failure, kept or closed by the qp on success).  Checks the memfd's
+ * seals and size against the peer's announced geometry. */
+int shm_qp_attach(struct prov_qp *qp, int memfd, int evfd,
+		  uint32_t ring_size, uint32_t qdepth);
+/* Close the memfd once the peer has it (mappings stay). */
+void shm_qp_drop_memfd(struct prov_qp *qp);
+
+#endif

@@ -1,0 +1,422 @@
+// SPDX-License-Identifier: MIT
+/*
+ * prov_shm.c - a software RC queue pair between two processes on one host.
+ *
+ * Each side owns one sealed memfd segment:
+ *
+ *   +--------------------+  0
+ *   | struct shm_hdr     |  counters, each on its own cache line
+ *   +--------------------+  SHM_CQ_OFF
+ *   | cqe[qdepth]        |  receive completions, written by the PEER
+ *   +--------------------+  area_off (page aligned)
+ *   | recv area          |  ctrl slots + data ring, written by the PEER
+ *   +--------------------+
+ *
+ * The owner posts receives (rq_prod) and consumes completions (cq_cons);
+ * the peer, acting as the "HCA" of a write, copies the payload into the
+ * area, consumes one posted receive, appends a completion (cq_prod) and,
+ * only if the owner armed notification, clears `armed` and writes the
+ * owner's eventfd.  Arming is a Dekker pair: the owner stores armed=1 then
+ * re-reads cq_prod; the writer stores cq_prod then reads armed; both with
+ * seq_cst, so one of them always sees the other.
+ *
+ * The peer is untrusted: every index read from its side is range-checked,
+ * wr_ids of receives are kept privately, and a write that does not fit the
+ * peer's area puts the QP in the error state.  Seals (no shrink/grow) make
+ * a mapped segment safe against truncation (no SIGBUS).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/memfd.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "prov.h"
+#include "ring.h"
+
+#define SHM_MAGIC 0x4b53525348534d31ull /* "1MSHSRSK" */
+#define SHM_CQ_OFF 512
+#define CL 64
+
+struct shm_hdr {
+	uint64_t magic;
+	uint32_t ring_size;
+	uint32_t qdepth;
+	_Alignas(CL) uint32_t rq_prod; /* owner */
+	_Alignas(CL) uint32_t cq_cons; /* owner */
+	_Alignas(CL) uint32_t cq_prod; /* peer */
+	_Alignas(CL) uint32_t armed;   /* owner sets, peer clears */
+};
+
+_Static_assert(sizeof(struct shm_hdr) <= SHM_CQ_OFF, "header too large");
+
+struct shm_cqe {
+	uint32_t imm;
+	uint32_t len;
+};
+
+struct shm_seg {
+	uint8_t *base;
+	size_t size;
+	struct shm_hdr *hdr;
+	struct shm_cqe *cq;
+	uint8_t *area;
+	size_t area_len;
+	uint32_t qdepth;
+};
+
+#define SCQ_MAX 64
+
+struct prov_qp {
+	struct shm_seg l; /* ours: peer writes into it */
+	struct shm_seg r; /* the peer's: we write into it */
+	int memfd;
+	int evfd;      /* ours, the peer writes it */
+	int peer_evfd; /* the peer's, we write it */
+	int err;
+	/* receive side (private mirror of our shared counters) */
+	uint32_t rq_prod;
+	uint32_t rq_cons;
+	uint32_t cq_cons;
+	uint64_t *rq_wrid; /* [l.qdepth] */
+	/* send side: our view of the peer's queues (we are the only writer
+	 * of its cq_prod) */
+	uint32_t peer_rq_cons;
+	uint32_t peer_cq_prod;
+	/* local send CQ: completions of signaled writes */
+	struct prov_wc scq[SCQ_MAX];
+	unsigned scq_n;
+	uint64_t notifies;
+};
+
+static size_t seg_area_off(uint32_t qdepth)
+{
+	size_t end = SHM_CQ_OFF + (size_t)qdepth * sizeof(struct shm_cqe);
+
+	return (end + 4095) & ~(size_t)4095;
+}
+
+static size_t seg_size(uint32_t ring_size, uint32_t qdepth)
+{
+	return seg_area_off(qdepth) + prov_area_len(qdepth, ring_size);
+}
+
+static void seg_layout(struct shm_seg *s, uint8_t *base, uint32_t ring_size,
+		       uint32_t qdepth)
+{
+	s->base = base;
+	s->size = seg_size(ring_size, qdepth);
+	s->hdr = (struct shm_hdr *)base;
+	s->cq = (struct shm_cqe *)(base + SHM_CQ_OFF);
+	s->area = base + seg_area_off(qdepth);
+	s->area_len = prov_area_len(qdepth, ring_size);
+	s->qdepth = qdepth;
+}
+
+int shm_qp_create(uint32_t ring_size, uint32_t qdepth, struct prov_qp **out)
+{
+	struct prov_qp *qp;
+	size_t size = seg_size(ring_size, qdepth);
+	void *base;
+	int rc;
+
+	if (!ring_is_pow2(ring_size) || qdepth == 0)
+		return -EINVAL;
+	qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return -ENOMEM;
+	qp->memfd = qp->evfd = qp->peer_evfd = -1;
+	qp->rq_wrid = calloc(qdepth, sizeof(uint64_t));
+	if (!qp->rq_wrid) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	qp->memfd = memfd_create("rsock", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (qp->memfd < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	if (fchmod(qp->memfd, 0600) < 0 || ftruncate(qp->memfd, (off_t)size) < 0 ||
+	    fcntl(qp->memfd, F_ADD_SEALS,
+		  F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, qp->memfd, 0);
+	if (base == MAP_FAILED) {
+		rc = -errno;
+		goto fail;
+	}
+	seg_layout(&qp->l, base, ring_size, qdepth);
+	qp->l.hdr->magic = SHM_MAGIC;
+	qp->l.hdr->ring_size = ring_size;
+	qp->l.hdr->qdepth = qdepth;
+	qp->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (qp->evfd < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	*out = qp;
+	return 0;
+fail:
+	shm_ops.destroy(qp);
+	return rc;
+}
+
+int shm_qp_memfd(struct prov_qp *qp)
+{
+	return qp->memfd;
+}
+
+int shm_qp_evfd(struct prov_qp *qp)
+{
+	return qp->evfd;
+}
+
+uint8_t *shm_qp_area(struct prov_qp *qp)
+{
+	return qp->l.area;
+}
+
+void shm_qp_drop_memfd(struct prov_qp *qp)
+{
+	if (qp->memfd >= 0)
+		close(qp->memfd);
+	qp->memfd = -1;
+}
+
+static int is_eventfd(int fd)
+{
+	static const char want[] = "anon_inode:[eventfd]";
+	char path[64], link[sizeof(want) + 1];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link));
+	return n == (ssize_t)sizeof(want) - 1 && !memcmp(link, want, (size_t)n);
+}
+
+int shm_qp_attach(struct prov_qp *qp, int memfd, int evfd, uint32_t ring_size,
+		  uint32_t qdepth)
+{
+	const int need = F_SEAL_SHRINK | F_SEAL_GROW;
+	size_t size = seg_size(ring_size, qdepth);
+	struct stat st;
+	void *base;
+	int seals, fl, rc = -EPROTO;
+
+	if (qp->r.base || !ring_is_pow2(ring_size) || qdepth == 0)
+		goto out;
+	/* the notify fd must be an eventfd we can write without blocking */
+	if (!is_eventfd(evfd))
+		goto out;
+	fl = fcntl(evfd, F_GETFL);
+	if (fl < 0 || fcntl(evfd, F_SETFL, fl | O_NONBLOCK) < 0)
+		goto out;
+	seals = fcntl(memfd, F_GET_SEALS);
+	if (seals < 0 || (seals & need) != need)
+		goto out;
+	if (fstat(memfd, &st) < 0 || !S_ISREG(st.st_mode) ||
+	    (uint64_t)st.st_size < size)
+		goto out;
+	base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (base == MAP_FAILED) {
+		rc = -errno;
+		goto out;
+	}
+	seg_layout(&qp->r, base, ring_size, qdepth);
+	if (__atomic_load_n(&qp->r.hdr->magic, __ATOMIC_RELAXED) != SHM_MAGIC) {
+		munmap(base, size);
+		qp->r.base = NULL;
+		goto out;
+	}
+	close(memfd);
+	qp->peer_evfd = evfd;
+	return 0;
+out:
+	close(memfd);
+	close(evfd);
+	return rc;
+}
+
+static int shm_post_recv(struct prov_qp *qp, uint64_t wr_id)
+{
+	if (qp->err)
+		return qp->err;
+	if (qp->rq_prod - qp->rq_cons >= qp->l.qdepth)
+		return -ENOMEM;
+	qp->rq_wrid[qp->rq_prod % qp->l.qdepth] = wr_id;
+	qp->rq_prod++;
+	__atomic_store_n(&qp->l.hdr->rq_prod, qp->rq_prod, __ATOMIC_RELEASE);
+	return 0;
+}
+
+static int shm_post_write_imm(struct prov_qp *qp, const struct iovec *iov,
+			      int iovcnt, uint64_t roff, uint32_t imm,
+			      int flags, uint64_t wr_id)
+{
+	struct shm_hdr *rh = qp->r.hdr;
+	uint32_t posted, cons;
+	uint64_t len = 0;
+	uint8_t *dst;
+	int i;
+
+	if (qp->err)
+		return qp->err;
+	if (!qp->r.base)
+		return -ENOTCONN;
+	if (flags & PROV_SIGNALED && qp->scq_n >= SCQ_MAX)
+		return -ENOSPC; /* send CQ overrun: caller must reap */
+	for (i = 0; i < iovcnt; i++)
+		len += iov[i].iov_len;
+	/* remote access check (the rkey/length check of an HCA) */
+	if (roff > qp->r.area_len || len > qp->r.area_len - roff)
+		return qp->err = -EFAULT;
+	/* a posted receive must be there (no RNR retry: credits forbid it) */
+	posted = __atomic_load_n(&rh->rq_prod, __ATOMIC_ACQUIRE);
+	if (posted - qp->peer_rq_cons == 0 ||
+	    posted - qp->peer_rq_cons > qp->r.qdepth)
+		return qp->err = -EPROTO;
+	cons = __atomic_load_n(&rh->cq_cons, __ATOMIC_ACQUIRE);
+	if (qp->peer_cq_prod - cons >= qp->r.qdepth)
+		return qp->err = -EPROTO;
+
+	dst = qp->r.area + roff;
+	for (i = 0; i < iovcnt; i++) {
+		memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+		dst += iov[i].iov_len;
+	}
+	qp->r.cq[qp->peer_cq_prod % qp->r.qdepth] =
+		(struct shm_cqe){ .imm = imm, .len = (uint32_t)len };
+	qp->peer_rq_cons++;
+	qp->peer_cq_prod++;
+	__atomic_store_n(&rh->cq_prod, qp->peer_cq_prod, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&rh->armed, __ATOMIC_SEQ_CST) &&
+	    __atomic_exchange_n(&rh->armed, 0, __ATOMIC_SEQ_CST)) {
+		eventfd_write(qp->peer_evfd, 1);
+		qp->notifies++;
+	}
+	if (flags & PROV_SIGNALED)
+		qp->scq[qp->scq_n++] = (struct prov_wc){ .wr_id = wr_id };
+	return 0;
+}
+
+static int shm_poll_cq(struct prov_qp *qp, struct prov_wc *wc, int n)
+{
+	struct shm_cqe cqe;
+	uint32_t prod;
+	int got = 0;
+
+	while (qp->scq_n && got < n) {
+		wc[got++] = qp->scq[0];
+		qp->scq_n--;
+		memmove(qp->scq, qp->scq + 1, qp->scq_n * sizeof(qp->scq[0]));
+	}
+	if (got == n || qp->err)
+		return got;
+	prod = __atomic_load_n(&qp->l.hdr->cq_prod, __ATOMIC_ACQUIRE);
+	if (prod - qp->cq_cons > qp->l.qdepth ||
+	    prod - qp->cq_cons > qp->rq_prod - qp->rq_cons) {
+		/* the peer claims completions for receives never posted */
+		qp->err = -EPROTO;
+		wc[got++] = (struct prov_wc){ .status = -EPROTO, .is_recv = 1 };
+		return got;
+	}
+	while (qp->cq_cons != prod && got < n) {
+		cqe = qp->l.cq[qp->cq_cons % qp->l.qdepth];
+		wc[got++] = (struct prov_wc){
+			.wr_id = qp->rq_wrid[qp->rq_cons % qp->l.qdepth],
+			.imm = cqe.imm,
+			.byte_len = cqe.len,
+			.is_recv = 1,
+		};
+		qp->rq_cons++;
+		qp->cq_cons++;
+	}
+	__atomic_store_n(&qp->l.hdr->cq_cons, qp->cq_cons, __ATOMIC_RELEASE);
+	return got;
+}
+
+static int shm_cq_pending(struct prov_qp *qp)
+{
+	return qp->scq_n ||
+	       __atomic_load_n(&qp->l.hdr->cq_prod, __ATOMIC_ACQUIRE) !=
+		       qp->cq_cons;
+}
+
+static void shm_arm(struct prov_qp *qp)
+{
+	__atomic_store_n(&qp->l.hdr->armed, 1, __ATOMIC_SEQ_CST);
+}
+
+static void shm_disarm(struct prov_qp *qp)
+{
+	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELAXED);
+}
+
+static int shm_armed(struct prov_qp *qp)
+{
+	return __atomic_load_n(&qp->l.hdr->armed, __ATOMIC_ACQUIRE) != 0;
+}
+
+static void shm_ack(struct prov_qp *qp)
+{
+	eventfd_t v;
+
+	(void)eventfd_read(qp->evfd, &v);
+}
+
+static void shm_kick(struct prov_qp *qp)
+{
+	(void)eventfd_write(qp->evfd, 1);
+}
+
+static int shm_notify_fd(struct prov_qp *qp)
+{
+	return qp->evfd;
+}
+
+static uint64_t shm_notifies_sent(struct prov_qp *qp)
+{
+	return qp->notifies;
+}
+
+static void shm_destroy(struct prov_qp *qp)
+{
+	if (!qp)
+		return;
+	if (qp->l.base)
+		munmap(qp->l.base, qp->l.size);
+	if (qp->r.base)
+		munmap(qp->r.base, qp->r.size);
+	if (qp->memfd >= 0)
+		close(qp->memfd);
+	if (qp->evfd >= 0)
+		close(qp->evfd);
+	if (qp->peer_evfd >= 0)
+		close(qp->peer_evfd);
+	free(qp->rq_wrid);
+	free(qp);
+}
+
+const struct prov_ops shm_ops = {
+	.name = "shm",
+	.post_recv = shm_post_recv,
+	.post_write_imm = shm_post_write_imm,
+	.poll_cq = shm_poll_cq,
+	.cq_pending = shm_cq_pending,
+	.arm = shm_arm,
+	.disarm = shm_disarm,
+	.armed = shm_armed,
+	.ack = shm_ack,
+	.kick = shm_kick,
+	.notify_fd = shm_notify_fd,
+	.notifies_sent = shm_notifies_sent,
+	.destroy = shm_destroy,
+};

@@ -1,0 +1,500 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Two engines joined by the shm provider inside one process: credits,
+ * wrap-around, the credit-return threshold, the control reserve, EOF and
+ * protocol violations.  White-box where it helps (engine.h).
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "rsock.h"
+#include "tharness.h"
+
+static int name_seq;
+
+struct conn_arg {
+	char name[64];
+	struct rsk_opts o;
+	rsk_sock *s;
+	int rc;
+};
+
+static void *connector(void *p)
+{
+	struct conn_arg *a = p;
+	struct rsk_addr src = { .family = AF_INET, .port = 1 };
+	struct rsk_addr dst = { .family = AF_INET, .port = 2 };
+
+	a->rc = rsk_socket(&a->s);
+	if (a->rc)
+		return NULL;
+	rsk_set_opts(a->s, &a->o);
+	a->rc = rsk_connect(a->s, a->name, strlen(a->name), &src, &dst, 5000);
+	return NULL;
+}
+
+/* a = accepted side (options ao), b = connecting side (options bo) */
+static int make_pair(const struct rsk_opts *ao, const struct rsk_opts *bo,
+		     rsk_sock **a, rsk_sock **b)
+{
+	struct conn_arg arg = { 0 };
+	struct rsk_addr src, dst;
+	rsk_sock *l;
+	pthread_t t;
+	int rc;
+
+	snprintf(arg.name, sizeof(arg.name), "rsock-ctest/%d/%d", getpid(),
+		 name_seq++);
+	arg.o = *bo;
+	if (rsk_socket(&l))
+		return -1;
+	rsk_set_opts(l, ao);
+	if ((rc = rsk_listen(l, arg.name, strlen(arg.name), 4)))
+		return rc;
+	pthread_create(&t, NULL, connector, &arg);
+	rc = rsk_accept(l, 5000, a, &src, &dst);
+	pthread_join(t, NULL);
+	rsk_free(l);
+	if (rc || arg.rc)
+		return rc ? rc : arg.rc;
+	if (src.port != 1 || dst.port != 2)
+		return -1;
+	*b = arg.s;
+	return 0;
+}
+
+static struct rsk_opts opts(uint32_t ring, uint32_t q)
+{
+	struct rsk_opts o;
+
+	rsk_opts_default(&o);
+	o.ring_size = ring;
+	o.qdepth = q;
+	o.spin_us = 0;
+	return o;
+}
+
+static uint8_t pattern(uint64_t i)
+{
+	return (uint8_t)(i * 2654435761u >> 13);
+}
+
+static void t_echo(void)
+{
+	struct rsk_opts o = opts(1 << 16, 64);
+	rsk_sock *a, *b;
+	char buf[16];
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(b, "hello", 5, 0, -1), 5);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 5);
+	CHECK(!memcmp(buf, "hello", 5));
+	CHECK_EQ(rsk_send(a, "world!", 6, 0, -1), 6);
+	CHECK_EQ(rsk_recv(b, buf, 3, RSK_F_PEEK, -1), 3);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, -1), 6);
+	CHECK(!memcmp(buf, "world!", 6));
+	/* nothing left: non-blocking and timed receives */
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), -EAGAIN);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), RSK_F_DONTWAIT, -1), -EAGAIN);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 50), -ETIMEDOUT);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+struct stream_arg {
+	rsk_sock *s;
+	uint64_t total;
+	uint32_t seed;
+	int rc;
+};
+
+static void *stream_sender(void *p)
+{
+	struct stream_arg *a = p;
+	static __thread uint8_t buf[1 << 17];
+	uint64_t sent = 0;
+	uint32_t x = a->seed;
+
+	while (sent < a->total) {
+		uint64_t n, i;
+		ssize_t r;
+
+		x = x * 1103515245 + 12345;
+		n = 1 + (x >> 8) % sizeof(buf);
+		if (n > a->total - sent)
+			n = a->total - sent;
+		for (i = 0; i < n; i++)
+			buf[i] = pattern(sent + i);
+		r = rsk_send(a->s, buf, n, 0, -1);
+		if (r != (ssize_t)n) {
+			a->rc = (int)r;
+			return NULL;
+		}
+		sent += n;
+	}
+	a->rc = rsk_shutdown(a->s, RSK_SHUT_WR);
+	return NULL;
+}
+
+/* Streams total bytes b -> a with random chunk sizes; verifies every byte. */
+static void stream_check(uint32_t ring, uint32_t q, uint64_t total,
+			 size_t rmax)
+{
+	struct rsk_opts o = opts(ring, q);
+	struct stream_arg sa = { .total = total, .seed = ring ^ q };
+	static uint8_t buf[1 << 17];
+	uint64_t got = 0;
+	uint32_t x = 7;
+	rsk_sock *a, *b;
+	pthread_t t;
+	ssize_t r;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	sa.s = b;
+	pthread_create(&t, NULL, stream_sender, &sa);
+	for (;;) {
+		size_t want, i;
+
+		x = x * 1103515245 + 12345;
+		want = 1 + (x >> 8) % rmax;
+		r = rsk_recv(a, buf, want, 0, 10000);
+		if (r <= 0)
+			break;
+		for (i = 0; i < (size_t)r; i++)
+			if (buf[i] != pattern(got + i))
+				break;
+		if (i != (size_t)r) {
+			fprintf(stderr, "mismatch at byte %llu\n",
+				(unsigned long long)(got + i));
+			r = -EIO;
+			break;
+		}
+		got += (uint64_t)r;
+	}
+	pthread_join(t, NULL);
+	CHECK_EQ(sa.rc, 0);
+	CHECK_EQ(r, 0);
+	CHECK_EQ(got, total);
+	/* credits came back up to the return threshold */
+	rsk_poll(b);
+	CHECK(b->s_tail - b->s_acked < ring / 2);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+static void t_stream_wrap_small_ring(void)
+{
+	/* 4 KiB ring, 16 slots: constant wrap-around and credit exhaustion */
+	stream_check(4096, 16, 8u << 20, 5000);
+}
+
+static void t_stream_default(void)
+{
+	stream_check(1 << 20, 256, 64u << 20, sizeof(((uint8_t[1 << 17]){ 0 })));
+}
+
+/* Message credits run out at qdepth - reserve and come back on reads. */
+static void t_credit_exhaustion(void)
+{
+	struct rsk_opts o = opts(1 << 16, 16);
+	rsk_sock *a, *b;
+	char c = 'x', buf[64];
+	int sent = 0, i;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	for (i = 0; i < 100; i++) {
+		ssize_t r = rsk_send(b, &c, 1, 0, 0);
+
+		if (r != 1) {
+			CHECK_EQ(r, -EAGAIN);
+			break;
+		}
+		sent++;
+	}
+	CHECK_EQ(sent, 16 - CREDIT_RESERVE);
+	CHECK(b->st.credit_stalls > 0);
+	CHECK_EQ(rsk_poll(b) & RSK_POLLOUT, 0);
+	/* the receiver reaps: half the slots reposted -> credit returned */
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), sent);
+	CHECK(rsk_poll(b) & RSK_POLLOUT);
+	CHECK_EQ(rsk_send(b, &c, 1, 0, 0), 1);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* Byte space: a full ring blocks until half of it is consumed. */
+static void t_space_threshold(void)
+{
+	struct rsk_opts o = opts(4096, 64);
+	static uint8_t data[8192], buf[8192];
+	rsk_sock *a, *b;
+	ssize_t r;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(b, data, sizeof(data), 0, 0), 4096);
+	CHECK_EQ(rsk_send(b, data, 1, 0, 0), -EAGAIN);
+	CHECK_EQ(rsk_send(b, data, 1, 0, 30), -ETIMEDOUT);
+	CHECK(b->st.space_stalls > 0);
+	/* just under the threshold: no credit yet */
+	CHECK_EQ(rsk_recv(a, buf, 2047, 0, -1), 2047);
+	CHECK_EQ(rsk_send(b, data, 1, 0, 0), -EAGAIN);
+	/* one more byte crosses half the ring: credit for 2048 */
+	CHECK_EQ(rsk_recv(a, buf, 1, 0, -1), 1);
+	r = rsk_send(b, data, sizeof(data), 0, 0);
+	CHECK_EQ(r, 2048);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* Messages sized around the credit-return threshold never stall. */
+static void t_threshold_sizes(void)
+{
+	uint32_t ring = 1 << 16;
+	struct rsk_opts o = opts(ring, 16);
+	static uint8_t data[1 << 16], buf[1 << 16];
+	size_t sizes[] = { ring / 2 - 1, ring / 2, ring / 2 + 1, ring - 1, ring };
+	rsk_sock *a, *b;
+	size_t k;
+	int round;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	for (round = 0; round < 20; round++)
+		for (k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+			size_t n = sizes[k], got = 0;
+			ssize_t r;
+
+			memset(data, round + (int)k, n);
+			/* sender may only get part in: the rest after reads */
+			r = rsk_send(b, data, n, 0, 0);
+			CHECK(r > 0);
+			while (got < n) {
+				ssize_t q = rsk_recv(a, buf + got, n - got, 0, 2000);
+
+				CHECK(q > 0);
+				got += (size_t)q;
+				if ((size_t)r < n) {
+					ssize_t more = rsk_send(b, data + r, n - (size_t)r, 0, 0);
+
+					if (more > 0)
+						r += more;
+					else
+						CHECK_EQ(more, -EAGAIN);
+				}
+			}
+			CHECK_EQ(r, n);
+			CHECK_EQ(buf[0], (uint8_t)(round + (int)k));
+			CHECK_EQ(buf[n - 1], (uint8_t)(round + (int)k));
+		}
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* Data stops at the reserve; the reserve still carries a credit update
+ * and the FIN. */
+static void t_ctrl_reserve(void)
+{
+	struct rsk_opts o = opts(1 << 16, 16);
+	static char big[40000], buf[40000];
+	rsk_sock *a, *b;
+	uint64_t ctrl0;
+	char c = 'x';
+	int i;
+	ssize_t r;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(b, big, sizeof(big), 0, 0), sizeof(big));
+	for (i = 0; i < 16 - CREDIT_RESERVE; i++)
+		CHECK_EQ(rsk_send(a, &c, 1, 0, 0), 1);
+	CHECK_EQ(rsk_send(a, &c, 1, 0, 0), -EAGAIN);
+	CHECK_EQ(a->s_limit - a->s_msgs, CREDIT_RESERVE);
+	/* consuming more than half of a's ring makes a credit due: it goes
+	 * out on the reserve although data may not */
+	ctrl0 = a->st.tx_ctrl;
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), sizeof(buf));
+	CHECK_EQ(a->st.tx_ctrl, ctrl0 + 1);
+	CHECK_EQ(a->s_limit - a->s_msgs, 1);
+	/* and the last slot carries the FIN */
+	CHECK_EQ(rsk_shutdown(a, RSK_SHUT_WR), 0);
+	CHECK_EQ(a->s_limit - a->s_msgs, 0);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), RSK_F_WAITALL, 2000), 16 - CREDIT_RESERVE);
+	r = rsk_recv(b, buf, sizeof(buf), 0, 2000);
+	CHECK_EQ(r, 0);
+	CHECK(b->s_acked >= sizeof(big) - 16);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+static void t_eof_and_shutdown(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	char buf[16];
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(b, "abc", 3, 0, -1), 3);
+	CHECK_EQ(rsk_shutdown(b, RSK_SHUT_WR), 0);
+	CHECK_EQ(rsk_send(b, "x", 1, 0, -1), -EPIPE);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 3);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 0);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 0);
+	/* half-close: a can still talk to b */
+	CHECK_EQ(rsk_send(a, "back", 4, 0, -1), 4);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, -1), 4);
+	rsk_close(a);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), 0);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* A blocked receiver learns of close() from another thread. */
+static void *closer(void *p)
+{
+	usleep(50000);
+	rsk_close(p);
+	return NULL;
+}
+
+static void t_close_wakes_blocked(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	pthread_t t;
+	char buf[8];
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	pthread_create(&t, NULL, closer, a);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 5000), -EBADF);
+	pthread_join(t, NULL);
+	/* the peer sees an orderly EOF */
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), 0);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* The peer's side of the "HCA": write raw messages into a's ring. */
+static int raw_post(rsk_sock *b, uint32_t imm, const void *p, size_t len,
+		    uint64_t roff)
+{
+	struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
+	int rc = b->ops->post_write_imm(b->qp, &iov, 1, roff, imm, 0, 0);
+
+	b->s_msgs++;
+	return rc;
+}
+
+static void violation(uint32_t imm, const void *p, size_t len, uint64_t roff,
+		      const char *expect)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	char buf[64];
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(raw_post(b, imm, p, len, roff), 0);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 2000), -ECONNRESET);
+	CHECK(strstr(rsk_detail(a), expect) != NULL);
+	CHECK_EQ(rsk_take_error(a), ECONNRESET);
+	/* the violator is told (RESET) */
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), -ECONNRESET);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+static void t_violations(void)
+{
+	struct eng_ctrl m = { 0 };
+	char d[16] = { 0 };
+	uint64_t ring_off = prov_ctrl_len(32);
+
+	/* imm length disagrees with the bytes written */
+	violation(IMM(OP_DATA, 100), d, 10, ring_off, "does not fit");
+	/* zero-length data */
+	violation(IMM(OP_DATA, 0), d, 0, ring_off, "does not fit");
+	/* unknown opcode */
+	violation(IMM(7, 0), &m, sizeof(m), 0, "opcode 7");
+	/* ctrl slot disagrees with imm */
+	m.op = OP_FIN;
+	violation(IMM(OP_CREDIT, 0), &m, sizeof(m), 0, "ctrl slot op");
+	/* credit for bytes never sent */
+	m.op = OP_CREDIT;
+	m.consumed = 12345;
+	violation(IMM(OP_CREDIT, 0), &m, sizeof(m), 0, "credit for 12345");
+	/* message limit beyond the queue */
+	m.consumed = 0;
+	m.limit = 100000;
+	violation(IMM(OP_CREDIT, 0), &m, sizeof(m), 0, "message limit");
+}
+
+static void t_remote_access_error(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	char d[16] = { 0 };
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	/* outside the peer's area: the provider refuses, QP in error */
+	CHECK_EQ(raw_post(b, IMM(OP_DATA, 16), d, 16,
+			  prov_area_len(32, 1 << 16) - 8),
+		 -EFAULT);
+	CHECK_EQ(raw_post(b, IMM(OP_DATA, 16), d, 16, 0), -EFAULT);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+static void t_watch_fd(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	struct pollfd pfd;
+	rsk_sock *a, *b;
+	char buf[8];
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_set_watch(a, 1), 0);
+	pfd = (struct pollfd){ .fd = rsk_fileno(a), .events = POLLIN };
+	CHECK_EQ(poll(&pfd, 1, 0), 0);
+	CHECK_EQ(rsk_send(b, "12345678", 8, 0, -1), 8);
+	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	/* level-triggered: still readable until drained */
+	CHECK_EQ(rsk_recv(a, buf, 4, 0, -1), 4);
+	CHECK_EQ(poll(&pfd, 1, 0), 1);
+	CHECK_EQ(rsk_recv(a, buf, 4, 0, -1), 4);
+	CHECK_EQ(poll(&pfd, 1, 0), 0);
+	rsk_close(b);
+	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	CHECK_EQ(rsk_recv(a, buf, 4, 0, -1), 0);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+static void t_refused(void)
+{
+	struct rsk_addr x = { .family = AF_INET };
+	rsk_sock *s;
+
+	CHECK_EQ(rsk_socket(&s), 0);
+	CHECK_EQ(rsk_connect(s, "rsock-ctest/nobody", 18, &x, &x, 1000),
+		 -ECONNREFUSED);
+	rsk_free(s);
+}
+
+int main(void)
+{
+	RUN(t_echo);
+	RUN(t_refused);
+	RUN(t_credit_exhaustion);
+	RUN(t_space_threshold);
+	RUN(t_threshold_sizes);
+	RUN(t_ctrl_reserve);
+	RUN(t_eof_and_shutdown);
+	RUN(t_close_wakes_blocked);
+	RUN(t_violations);
+	RUN(t_remote_access_error);
+	RUN(t_watch_fd);
+	RUN(t_stream_wrap_small_ring);
+	RUN(t_stream_default);
+	return th_summary();
+}
