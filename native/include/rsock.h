@@ -132,7 +132,8 @@ ssize_t rsk_recv(rsk_sock *s, void *buf, size_t len, int flags,
 /* Zero-copy receive: waits like rsk_recv, then points *ptr at up to len
  * contiguous readable bytes in the ring and returns their count, holding
  * the receive side; rsk_recv_done(s, n) consumes n of them and releases
- * it. 0 means EOF (nothing held, no rsk_recv_done needed). */
+ * it. 0 means EOF (nothing held, no rsk_recv_done needed); *ptr is
+ * written only when the call returns > 0. */
 ssize_t rsk_recv_zc(rsk_sock *s, size_t len, int flags, int timeout_ms,
 		    const void **ptr);
 int rsk_recv_done(rsk_sock *s, size_t n);

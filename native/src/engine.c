@@ -743,7 +743,8 @@ ssize_t rsk_recv_zc(rsk_sock *s, size_t len, int flags, int timeout_ms,
 	uint32_t c;
 	int rc;
 
-	*ptr = NULL;
+	/* *ptr is written only on success: another thread's zero-copy
+	 * receive may share the out-pointer (it waits on rx_busy) */
 	if ((rc = eng_enter(s)))
 		return rc;
 	avail = recv_wait(s, flags, deadline);

@@ -1,0 +1,124 @@
+"""rsock: a socket-compatible drop-in stream transport.
+
+``rsock.socket`` behaves like ``socket.socket`` for AF_INET/AF_INET6
+SOCK_STREAM, but the bytes travel through rsock's ring-buffer engine over an
+RC-queue-pair provider (``shm`` between processes on one host).  The
+stdlib's constants, exceptions and resolver functions are re-exported, so
+``import rsock as socket`` works for stream code.
+"""
+
+from __future__ import annotations
+
+import socket as _std
+from socket import (
+    AF_INET,
+    AF_INET6,
+    AF_UNSPEC,
+    AI_PASSIVE,
+    INADDR_ANY,
+    IPPROTO_IPV6,
+    IPPROTO_TCP,
+    IPV6_V6ONLY,
+    MSG_DONTWAIT,
+    MSG_NOSIGNAL,
+    MSG_PEEK,
+    MSG_WAITALL,
+    SHUT_RD,
+    SHUT_RDWR,
+    SHUT_WR,
+    SO_ERROR,
+    SO_KEEPALIVE,
+    SO_RCVBUF,
+    SO_REUSEADDR,
+    SO_SNDBUF,
+    SOCK_STREAM,
+    SOL_SOCKET,
+    SOMAXCONN,
+    TCP_NODELAY,
+    AddressFamily,
+    SocketKind,
+    error,
+    gaierror,
+    getaddrinfo,
+    getdefaulttimeout,
+    getfqdn,
+    gethostbyname,
+    gethostname,
+    getnameinfo,
+    has_ipv6,
+    herror,
+    htonl,
+    htons,
+    inet_aton,
+    inet_ntoa,
+    inet_ntop,
+    inet_pton,
+    ntohl,
+    ntohs,
+    setdefaulttimeout,
+    timeout,
+)
+from typing import Any
+
+from rsock._socket import create_connection, provider_config, socket
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "socket",
+    "create_connection",
+    "provider_config",
+    "AF_INET",
+    "AF_INET6",
+    "AF_UNSPEC",
+    "AI_PASSIVE",
+    "INADDR_ANY",
+    "IPPROTO_IPV6",
+    "IPPROTO_TCP",
+    "IPV6_V6ONLY",
+    "MSG_DONTWAIT",
+    "MSG_NOSIGNAL",
+    "MSG_PEEK",
+    "MSG_WAITALL",
+    "SHUT_RD",
+    "SHUT_RDWR",
+    "SHUT_WR",
+    "SO_ERROR",
+    "SO_KEEPALIVE",
+    "SO_RCVBUF",
+    "SO_REUSEADDR",
+    "SO_SNDBUF",
+    "SOCK_STREAM",
+    "SOL_SOCKET",
+    "SOMAXCONN",
+    "TCP_NODELAY",
+    "AddressFamily",
+    "SocketKind",
+    "error",
+    "gaierror",
+    "getaddrinfo",
+    "getdefaulttimeout",
+    "getfqdn",
+    "gethostbyname",
+    "gethostname",
+    "getnameinfo",
+    "has_ipv6",
+    "herror",
+    "htonl",
+    "htons",
+    "inet_aton",
+    "inet_ntoa",
+    "inet_ntop",
+    "inet_pton",
+    "ntohl",
+    "ntohs",
+    "setdefaulttimeout",
+    "timeout",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Every other stdlib constant (``SO_*``, ``TCP_*``, ``EAI_*``, ...)."""
+    if name.isupper() and hasattr(_std, name):
+        return getattr(_std, name)
+    raise AttributeError(f"module 'rsock' has no attribute {name!r}")

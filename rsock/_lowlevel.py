@@ -1,0 +1,221 @@
+"""The only module that imports the cffi extension ``rsock._native``.
+
+One thin function per ``rsk_*`` call: Python types in, ``int``/``bytes`` out.
+C returns ``>= 0`` or ``-errno``; these helpers hand the raw code back so
+that the socket layer can apply the stdlib's policy (timeouts, EINTR retry,
+non-blocking mode) in one place; ``oserror`` builds the exception.
+"""
+
+from __future__ import annotations
+
+import os
+import socket as _stdsocket
+from dataclasses import dataclass
+from typing import Any
+
+from rsock._native import ffi, lib
+
+F_PEEK: int = lib.RSK_F_PEEK
+F_WAITALL: int = lib.RSK_F_WAITALL
+F_DONTWAIT: int = lib.RSK_F_DONTWAIT
+POLLIN: int = lib.RSK_POLLIN
+POLLOUT: int = lib.RSK_POLLOUT
+POLLERR: int = lib.RSK_POLLERR
+POLLHUP: int = lib.RSK_POLLHUP
+PROTO_VERSION: int = lib.RSK_PROTO_VERSION
+
+STATS_FIELDS: tuple[str, ...] = (
+    "tx_bytes",
+    "rx_bytes",
+    "tx_msgs",
+    "rx_msgs",
+    "tx_ctrl",
+    "rx_ctrl",
+    "credit_stalls",
+    "space_stalls",
+    "arms",
+    "notifies_sent",
+    "spins",
+    "sleeps",
+    "cq_polls",
+    "completions",
+)
+
+
+@dataclass(frozen=True)
+class Opts:
+    ring_size: int
+    qdepth: int
+    inline_max: int
+    spin_us: int
+
+
+class Handle:
+    """An owned ``rsk_sock *``; freed by the garbage collector (never while
+    a call can still use it: every caller holds a reference)."""
+
+    __slots__ = ("ptr", "out")
+
+    def __init__(self, ptr: Any) -> None:
+        self.ptr = ffi.gc(ptr, lib.rsk_free)
+        # out-pointer for rsk_recv_zc; C writes it only on success, after
+        # any other thread's zero-copy receive has been released
+        self.out = ffi.new("const void **")
+
+
+def oserror(rc: int, detail: str = "") -> OSError:
+    """``OSError`` for ``-errno`` (CPython picks the PEP 3151 subclass)."""
+    err = -rc
+    msg = os.strerror(err)
+    if detail:
+        msg = f"{msg} ({detail})"
+    return OSError(err, msg)
+
+
+def new() -> Handle:
+    out = ffi.new("rsk_sock **")
+    rc = lib.rsk_socket(out)
+    if rc < 0:
+        raise oserror(rc)
+    return Handle(out[0])
+
+
+def fileno(h: Handle) -> int:
+    return int(lib.rsk_fileno(h.ptr))
+
+
+def set_watch(h: Handle, on: bool) -> int:
+    return int(lib.rsk_set_watch(h.ptr, 1 if on else 0))
+
+
+def default_opts() -> Opts:
+    o = ffi.new("struct rsk_opts *")
+    lib.rsk_opts_default(o)
+    return Opts(o.ring_size, o.qdepth, o.inline_max, o.spin_us)
+
+
+def get_opts(h: Handle) -> Opts:
+    o = ffi.new("struct rsk_opts *")
+    lib.rsk_get_opts(h.ptr, o)
+    return Opts(o.ring_size, o.qdepth, o.inline_max, o.spin_us)
+
+
+def set_opts(h: Handle, opts: Opts) -> int:
+    o = ffi.new("struct rsk_opts *")
+    o.ring_size = opts.ring_size
+    o.qdepth = opts.qdepth
+    o.inline_max = opts.inline_max
+    o.spin_us = opts.spin_us
+    return int(lib.rsk_set_opts(h.ptr, o))
+
+
+def detail(h: Handle) -> str:
+    return str(ffi.string(lib.rsk_detail(h.ptr)).decode("utf-8", "replace"))
+
+
+def _fill_addr(a: Any, family: int, host: str, port: int, flowinfo: int, scope: int) -> None:
+    a.family = family
+    a.port = port
+    a.flowinfo = flowinfo
+    a.scope_id = scope
+    packed = _stdsocket.inet_pton(family, host)
+    ffi.memmove(a.addr, packed, len(packed))
+
+
+def _read_addr(a: Any) -> tuple[int, tuple[Any, ...]] | None:
+    """The address a peer announced, or None if it is not a valid one."""
+    fam = int(a.family)
+    if fam == _stdsocket.AF_INET:
+        host = _stdsocket.inet_ntop(fam, bytes(ffi.buffer(a.addr, 4)))
+        return fam, (host, int(a.port))
+    if fam == _stdsocket.AF_INET6:
+        host = _stdsocket.inet_ntop(fam, bytes(ffi.buffer(a.addr, 16)))
+        return fam, (host, int(a.port), int(a.flowinfo), int(a.scope_id))
+    return None
+
+
+def listen(h: Handle, name: bytes, backlog: int) -> int:
+    return int(lib.rsk_listen(h.ptr, name, len(name), backlog))
+
+
+def connect(
+    h: Handle,
+    name: bytes,
+    family: int,
+    src: tuple[Any, ...],
+    dst: tuple[Any, ...],
+    timeout_ms: int,
+) -> int:
+    s = ffi.new("struct rsk_addr *")
+    d = ffi.new("struct rsk_addr *")
+    _fill_addr(s, family, src[0], src[1], *(src[2:4] if len(src) >= 4 else (0, 0)))
+    _fill_addr(d, family, dst[0], dst[1], *(dst[2:4] if len(dst) >= 4 else (0, 0)))
+    return int(lib.rsk_connect(h.ptr, name, len(name), s, d, timeout_ms))
+
+
+def accept(
+    h: Handle, timeout_ms: int
+) -> tuple[int, Handle | None, tuple[Any, ...] | None, tuple[Any, ...] | None]:
+    """(rc, handle, peer address, local address the peer dialed)."""
+    out = ffi.new("rsk_sock **")
+    src = ffi.new("struct rsk_addr *")
+    dst = ffi.new("struct rsk_addr *")
+    rc = int(lib.rsk_accept(h.ptr, timeout_ms, out, src, dst))
+    if rc < 0:
+        return rc, None, None, None
+    nh = Handle(out[0])
+    s = _read_addr(src)
+    d = _read_addr(dst)
+    return rc, nh, (s[1] if s else None), (d[1] if d else None)
+
+
+def send(h: Handle, data: Any, nbytes: int, flags: int, timeout_ms: int) -> int:
+    return int(lib.rsk_send(h.ptr, data, nbytes, flags, timeout_ms))
+
+
+def recv_into(h: Handle, buf: Any, nbytes: int, flags: int, timeout_ms: int) -> int:
+    return int(lib.rsk_recv(h.ptr, buf, nbytes, flags, timeout_ms))
+
+
+def recv_bytes(h: Handle, nbytes: int, flags: int, timeout_ms: int) -> bytes | int:
+    """Bytes copied once, straight out of the ring; or a -errno int."""
+    rc = lib.rsk_recv_zc(h.ptr, nbytes, flags, timeout_ms, h.out)
+    if rc <= 0:
+        return b"" if rc == 0 else int(rc)
+    try:
+        data: bytes = ffi.unpack(ffi.cast("const char *", h.out[0]), rc)
+    except BaseException:
+        lib.rsk_recv_done(h.ptr, 0)
+        raise
+    lib.rsk_recv_done(h.ptr, 0 if flags & F_PEEK else rc)
+    return data
+
+
+def from_buffer(data: Any, writable: bool = False) -> Any:
+    return ffi.from_buffer(data, require_writable=writable)
+
+
+def shutdown(h: Handle, how: int) -> int:
+    return int(lib.rsk_shutdown(h.ptr, how))
+
+
+def poll(h: Handle) -> int:
+    return int(lib.rsk_poll(h.ptr))
+
+
+def wait(h: Handle, events: int, timeout_ms: int) -> int:
+    return int(lib.rsk_wait(h.ptr, events, timeout_ms))
+
+
+def take_error(h: Handle) -> int:
+    return int(lib.rsk_take_error(h.ptr))
+
+
+def stats(h: Handle) -> dict[str, int]:
+    st = ffi.new("struct rsk_stats *")
+    lib.rsk_stats(h.ptr, st)
+    return {f: int(getattr(st, f)) for f in STATS_FIELDS}
+
+
+def close(h: Handle) -> int:
+    return int(lib.rsk_close(h.ptr))
