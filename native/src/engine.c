@@ -253,10 +253,16 @@ static int eng_post_ctrl(rsk_sock *s, enum eng_op op)
 	return 0;
 }
 
+/* Byte credits go back once this much of the ring has been consumed. */
+static uint64_t eng_credit_bytes(const rsk_sock *s)
+{
+	return s->rsize >> CREDIT_BYTES_SHIFT;
+}
+
 static int eng_credit_due(const rsk_sock *s)
 {
 	return (s->pending & P_CREDIT) ||
-	       s->r_head - s->r_credited >= (s->rsize >> 1) ||
+	       s->r_head - s->r_credited >= eng_credit_bytes(s) ||
 	       s->r_reposted - s->r_limit_sent >= (s->lq >> 1);
 }
 
@@ -668,7 +674,7 @@ static int recv_end(rsk_sock *s)
 static void eng_consume(rsk_sock *s, size_t n)
 {
 	s->r_head += n;
-	if (s->r_head - s->r_credited >= (s->rsize >> 1))
+	if (s->r_head - s->r_credited >= eng_credit_bytes(s))
 		eng_flush_ctrl(s);
 }
 

@@ -181,7 +181,7 @@ static void stream_check(uint32_t ring, uint32_t q, uint64_t total,
 	CHECK_EQ(got, total);
 	/* credits came back up to the return threshold */
 	rsk_poll(b);
-	CHECK(b->s_tail - b->s_acked < ring / 2);
+	CHECK(b->s_tail - b->s_acked < ring >> CREDIT_BYTES_SHIFT);
 	rsk_free(a);
 	rsk_free(b);
 }
@@ -240,12 +240,12 @@ static void t_space_threshold(void)
 	CHECK_EQ(rsk_send(b, data, 1, 0, 30), -ETIMEDOUT);
 	CHECK(b->st.space_stalls > 0);
 	/* just under the threshold: no credit yet */
-	CHECK_EQ(rsk_recv(a, buf, 2047, 0, -1), 2047);
+	CHECK_EQ(rsk_recv(a, buf, 1023, 0, -1), 1023);
 	CHECK_EQ(rsk_send(b, data, 1, 0, 0), -EAGAIN);
-	/* one more byte crosses half the ring: credit for 2048 */
+	/* one more byte crosses a quarter of the ring: credit for 1024 */
 	CHECK_EQ(rsk_recv(a, buf, 1, 0, -1), 1);
 	r = rsk_send(b, data, sizeof(data), 0, 0);
-	CHECK_EQ(r, 2048);
+	CHECK_EQ(r, 1024);
 	rsk_free(a);
 	rsk_free(b);
 }
@@ -311,8 +311,8 @@ static void t_ctrl_reserve(void)
 		CHECK_EQ(rsk_send(a, &c, 1, 0, 0), 1);
 	CHECK_EQ(rsk_send(a, &c, 1, 0, 0), -EAGAIN);
 	CHECK_EQ(a->s_limit - a->s_msgs, CREDIT_RESERVE);
-	/* consuming more than half of a's ring makes a credit due: it goes
-	 * out on the reserve although data may not */
+	/* consuming more than a quarter of a's ring makes a credit due: it
+	 * goes out on the reserve although data may not */
 	ctrl0 = a->st.tx_ctrl;
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), sizeof(buf));
 	CHECK_EQ(a->st.tx_ctrl, ctrl0 + 1);
