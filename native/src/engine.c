@@ -100,12 +100,37 @@ static void eng_set_detail(rsk_sock *s, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* Bumped in every child after fork(): sockets created before it are only
+ * closed there, never used (their engine state is a stale copy of state
+ * shared with the peer). */
+static unsigned eng_fork_gen;
+static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
+
+static void eng_atfork_child(void)
+{
+	eng_fork_gen++;
+}
+
+static void eng_init_once(void)
+{
+	pthread_atfork(NULL, NULL, eng_atfork_child);
+}
+
+/* Only connections hold shared state; listeners work in a child. */
+static int eng_forked(const rsk_sock *s)
+{
+	return s->kind == K_CONN && s->fork_gen != eng_fork_gen;
+}
+
 int rsk_socket(rsk_sock **out)
 {
-	rsk_sock *s = calloc(1, sizeof(*s));
+	rsk_sock *s;
 
+	pthread_once(&eng_once, eng_init_once);
+	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
+	s->fork_gen = eng_fork_gen;
 	s->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (s->epfd < 0) {
 		int rc = -errno;
@@ -125,7 +150,9 @@ int rsk_socket(rsk_sock **out)
 static int eng_enter(rsk_sock *s)
 {
 	pthread_mutex_lock(&s->lock);
-	if (s->closed) {
+	if (s->closed || eng_forked(s)) {
+		if (eng_forked(s))
+			eng_set_detail(s, "socket inherited across fork()");
 		pthread_mutex_unlock(&s->lock);
 		return -EBADF;
 	}
@@ -823,7 +850,7 @@ int rsk_poll(rsk_sock *s)
 	int rev = 0;
 
 	pthread_mutex_lock(&s->lock);
-	if (s->closed) {
+	if (s->closed || eng_forked(s)) {
 		pthread_mutex_unlock(&s->lock);
 		return RSK_POLLERR;
 	}
@@ -946,6 +973,7 @@ static int eng_attach(rsk_sock *s, struct cm_result *res)
 		goto fail;
 	res->qp = NULL;
 	res->live_fd = -1;
+	s->fork_gen = eng_fork_gen;
 	s->kind = K_CONN;
 	s->flags = F_CONN;
 	return 0;
@@ -1129,7 +1157,7 @@ int rsk_close(rsk_sock *s)
 		pthread_mutex_unlock(&s->lock);
 		return 0;
 	}
-	if (s->kind == K_CONN && !(s->flags & F_DEAD)) {
+	if (s->kind == K_CONN && !(s->flags & F_DEAD) && !eng_forked(s)) {
 		eng_progress(s);
 		/* unread data makes close abortive, as with TCP */
 		if (s->r_tail != s->r_head && !(s->flags & F_DEAD) &&
@@ -1145,7 +1173,7 @@ int rsk_close(rsk_sock *s)
 	pthread_cond_broadcast(&s->cond);
 	if (s->users == 0) {
 		eng_release(s);
-	} else if (s->kind == K_CONN && s->qp) {
+	} else if (s->kind == K_CONN && s->qp && !eng_forked(s)) {
 		s->ops->kick(s->qp); /* wake the thread in epoll_wait */
 	} else if (s->kind == K_LISTEN) {
 		/* wake accept: shutting the listeners down makes them readable */

@@ -80,6 +80,8 @@ struct rsk_sock {
 	int fd_waiter;
 	int watch;
 	int kicked; /* we made our own notify fd readable */
+	unsigned fork_gen; /* eng_fork_gen when created: a forked child's copy
+			    * must never touch the shared rings */
 	int err;    /* sticky connection error (positive errno) */
 	int so_error;
 	struct rsk_opts opts;

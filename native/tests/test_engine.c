@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/wait.h>
 
 #include "engine.h"
 #include "rsock.h"
@@ -470,6 +471,38 @@ static void t_watch_fd(void)
 	rsk_free(b);
 }
 
+/* A forked child's copy of a connection refuses use and closes silently:
+ * the parent's connection goes on undisturbed. */
+static void t_fork_child_copy(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	char buf[8];
+	pid_t pid;
+	int st;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	pid = fork();
+	if (pid == 0) {
+		int ok = rsk_recv(a, buf, sizeof(buf), 0, 0) == -EBADF &&
+			 rsk_send(a, "x", 1, 0, 0) == -EBADF &&
+			 (rsk_poll(a) & RSK_POLLERR);
+
+		rsk_free(a);
+		rsk_free(b);
+		_exit(ok ? 0 : 1);
+	}
+	CHECK(pid > 0);
+	CHECK_EQ(waitpid(pid, &st, 0), pid);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CHECK_EQ(rsk_send(b, "abc", 3, 0, -1), 3);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 1000), 3);
+	CHECK_EQ(rsk_send(a, "de", 2, 0, -1), 2);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 1000), 2);
+	rsk_free(a);
+	rsk_free(b);
+}
+
 static void t_refused(void)
 {
 	struct rsk_addr x = { .family = AF_INET };
@@ -494,6 +527,7 @@ int main(void)
 	RUN(t_violations);
 	RUN(t_remote_access_error);
 	RUN(t_watch_fd);
+	RUN(t_fork_child_copy);
 	RUN(t_stream_wrap_small_ring);
 	RUN(t_stream_default);
 	return th_summary();
