@@ -451,6 +451,20 @@ static void eng_check_live(rsk_sock *s)
 	pthread_cond_broadcast(&s->cond);
 }
 
+/* Non-blocking look at the liveness channel; 1 if the peer is gone. */
+static int eng_poll_live(rsk_sock *s)
+{
+	struct pollfd p;
+
+	if (s->kind != K_CONN || s->live_fd < 0 || (s->flags & F_PEER_GONE))
+		return 0;
+	p = (struct pollfd){ .fd = s->live_fd, .events = POLLIN | POLLRDHUP };
+	if (poll(&p, 1, 0) <= 0)
+		return 0;
+	eng_check_live(s);
+	return (s->flags & F_PEER_GONE) != 0;
+}
+
 /* ----------------------------------------------------------- readiness */
 
 static int eng_readable(const rsk_sock *s)
@@ -524,10 +538,12 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			return -EBADF;
 		if (ready(s))
 			return 0;
-		if (nb)
-			return -EAGAIN;
-		if (deadline >= 0 && eng_now_ns() >= deadline)
-			return -ETIMEDOUT;
+		if (nb || (deadline >= 0 && eng_now_ns() >= deadline)) {
+			/* before giving up: did the peer vanish meanwhile? */
+			if (eng_poll_live(s) && ready(s))
+				return 0;
+			return nb ? -EAGAIN : -ETIMEDOUT;
+		}
 		if (s->kind == K_CONN && s->opts.spin_us && spin_end >= 0) {
 			if (!spin_end)
 				spin_end = eng_now_ns() +
