@@ -195,6 +195,13 @@ def from_buffer(data: Any, writable: bool = False) -> Any:
     return ffi.from_buffer(data, require_writable=writable)
 
 
+# Raw entry points for the socket layer's hot paths (blocking sendall /
+# recv_into / recv): one cffi call, no Python frame in between.
+raw_send: Any = lib.rsk_send
+raw_recv: Any = lib.rsk_recv
+raw_from_buffer: Any = ffi.from_buffer
+
+
 def shutdown(h: Handle, how: int) -> int:
     return int(lib.rsk_shutdown(h.ptr, how))
 

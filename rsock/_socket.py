@@ -22,15 +22,23 @@ import socket as _std
 import time
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Self
 
-from typing_extensions import Buffer, Self
+from typing_extensions import Buffer
 
 from rsock import _lowlevel as _ll
 
+_raw_send = _ll.raw_send
+_raw_recv = _ll.raw_recv
+_raw_from_buffer = _ll.raw_from_buffer
+
 __all__ = ["socket", "create_connection", "provider_config"]
 
-_MSG_SUPPORTED = _std.MSG_PEEK | _std.MSG_WAITALL | _std.MSG_DONTWAIT | _std.MSG_NOSIGNAL
+# plain ints: IntFlag arithmetic costs microseconds per call
+_MSG_PEEK = int(_std.MSG_PEEK)
+_MSG_WAITALL = int(_std.MSG_WAITALL)
+_MSG_DONTWAIT = int(_std.MSG_DONTWAIT)
+_MSG_SUPPORTED = _MSG_PEEK | _MSG_WAITALL | _MSG_DONTWAIT | int(_std.MSG_NOSIGNAL)
 _SOCK_FLAGS = getattr(_std, "SOCK_NONBLOCK", 0) | getattr(_std, "SOCK_CLOEXEC", 0)
 
 
@@ -69,6 +77,10 @@ def _timeout_ms(timeout: float | None, deadline: float | None) -> int:
     if left <= 0:
         return 1  # expire in C, so data already there is still taken
     return max(1, math.ceil(left * 1000))
+
+
+def _not_int(v: object) -> str:
+    return f"'{type(v).__name__}' object cannot be interpreted as an integer"
 
 
 def _names(family: int, host: str, port: int) -> list[bytes]:
@@ -195,8 +207,8 @@ class socket:
 
     def _raise(self, rc: int) -> OSError:
         h = self._h
-        d = _ll.detail(h) if h is not None and rc in (-_errno.ECONNRESET, -_errno.ECONNREFUSED) else ""
-        return _ll.oserror(rc, d)
+        reset = rc in (-_errno.ECONNRESET, -_errno.ECONNREFUSED)
+        return _ll.oserror(rc, _ll.detail(h) if h is not None and reset else "")
 
     def fileno(self) -> int:
         """A real pollable fd (an epoll fd over the engine's notification
@@ -349,7 +361,7 @@ class socket:
     def listen(self, backlog: int = -1) -> None:
         h = self._handle()
         if not isinstance(backlog, int):
-            raise TypeError(f"'{type(backlog).__name__}' object cannot be interpreted as an integer")
+            raise TypeError(_not_int(backlog))
         if self._connected:
             raise OSError(_errno.EINVAL, "Invalid argument")
         if backlog < 0:
@@ -381,6 +393,8 @@ class socket:
             raise OSError(_errno.EINVAL, "Invalid argument")
         h = self._handle()
         deadline = self._deadline()
+        peer: tuple[Any, ...] | None = None
+        local: tuple[Any, ...] | None = None
         while True:
             rc, nh, peer, local = _ll.accept(h, _timeout_ms(self._timeout, deadline))
             if rc >= 0:
@@ -420,7 +434,7 @@ class socket:
             raise TypeError("AF_INET address must be a pair (host, port)")
         host, port = address[0], address[1]
         if not isinstance(port, int):
-            raise TypeError(f"'{type(port).__name__}' object cannot be interpreted as an integer")
+            raise TypeError(_not_int(port))
         if not 0 <= port <= 65535:
             raise OverflowError("connect(): port must be 0-65535.")
         infos = _std.getaddrinfo(host, port, self._family, _std.SOCK_STREAM)
@@ -486,14 +500,17 @@ class socket:
 
     @staticmethod
     def _flags(flags: int) -> int:
+        if not flags:
+            return 0
+        flags = int(flags)
         if flags & ~_MSG_SUPPORTED:
             raise OSError(_errno.EOPNOTSUPP, "Operation not supported")
         f = 0
-        if flags & _std.MSG_PEEK:
+        if flags & _MSG_PEEK:
             f |= _ll.F_PEEK
-        if flags & _std.MSG_WAITALL:
+        if flags & _MSG_WAITALL:
             f |= _ll.F_WAITALL
-        if flags & _std.MSG_DONTWAIT:
+        if flags & _MSG_DONTWAIT:
             f |= _ll.F_DONTWAIT
         return f
 
@@ -509,16 +526,43 @@ class socket:
             ) from None
 
     def send(self, data: Buffer, flags: int = 0, /) -> int:
+        h = self._h
+        if h is not None and self._timeout is None and not flags:
+            try:
+                cbuf = _raw_from_buffer(data)
+            except TypeError:
+                pass
+            else:
+                rc: int = _raw_send(h.ptr, cbuf, len(cbuf), 0, -1)
+                if rc >= 0:
+                    return rc
         buf = self._cbuf(data)
         return self._call(_ll.send, buf, len(buf), self._flags(flags))
 
     def sendall(self, data: Buffer, flags: int = 0, /) -> None:
+        h = self._h
+        if h is not None and self._timeout is None and not flags:
+            # hot path: blocking, no flags; C sends everything or fails
+            try:
+                buf = _raw_from_buffer(data)
+            except TypeError:
+                pass
+            else:
+                n = len(buf)
+                rc = _raw_send(h.ptr, buf, n, 0, -1)
+                if rc == n:
+                    return
+                # interrupted or failed: the slow path resumes after rc bytes
+                self._sendall(data, flags, max(rc, 0))
+                return
+        self._sendall(data, flags, 0)
+
+    def _sendall(self, data: Buffer, flags: int, done: int) -> None:
         buf = self._cbuf(data)
         f = self._flags(flags)
         n = len(buf)
         h = self._handle()
         deadline = self._deadline()
-        done = 0
         while done < n or n == 0:
             rc = _ll.send(h, buf + done, n - done, f, _timeout_ms(self._timeout, deadline))
             if rc >= 0:
@@ -533,8 +577,17 @@ class socket:
             raise self._raise(rc)
 
     def recv(self, bufsize: int, flags: int = 0, /) -> bytes:
+        h = self._h
+        if h is not None and self._timeout is None and not flags and type(bufsize) is int:
+            if bufsize > 0:
+                r = _ll.recv_bytes(h, bufsize, 0, -1)
+                if type(r) is bytes:
+                    return r
+        return self._recv(bufsize, flags)
+
+    def _recv(self, bufsize: int, flags: int) -> bytes:
         if not isinstance(bufsize, int):
-            raise TypeError(f"'{type(bufsize).__name__}' object cannot be interpreted as an integer")
+            raise TypeError(_not_int(bufsize))
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
         f = self._flags(flags)
@@ -555,6 +608,20 @@ class socket:
             raise self._raise(r)
 
     def recv_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> int:
+        h = self._h
+        if h is not None and self._timeout is None and not nbytes and not flags:
+            # hot path: blocking, whole buffer, no flags
+            try:
+                buf = _raw_from_buffer(buffer, require_writable=True)
+            except TypeError:
+                pass
+            else:
+                rc: int = _raw_recv(h.ptr, buf, len(buf), 0, -1)
+                if rc >= 0:
+                    return rc
+        return self._recv_into(buffer, nbytes, flags)
+
+    def _recv_into(self, buffer: Buffer, nbytes: int, flags: int) -> int:
         if nbytes < 0:
             raise ValueError("negative buffersize in recv_into")
         buf = self._cbuf(buffer, True)
