@@ -8,8 +8,13 @@ setuptools picks this file up through ``setup.py``
 (``cffi_modules=["native/build_ffi.py:ffibuilder"]``) and runs it with the repo
 root as the working directory (pip guarantees that).  Paths handed to
 setuptools are therefore relative to the working directory; they are computed
-from this file's location, so running ``python native/build_ffi.py`` from
-anywhere also works (it changes to the repo root and builds in place).
+from this file's location.
+
+``python native/build_ffi.py`` (from anywhere) builds without pip: it compiles in
+``native/build/ffi/`` and copies the extension into ``rsock/``, replacing any other
+``rsock/_native*.so`` (pip's editable build names it ``_native.abi3.so``, a direct
+build ``_native.cpython-3XX-....so``, and the import system would prefer a stale
+second one).
 """
 
 from __future__ import annotations
@@ -33,9 +38,14 @@ _MARKER_RE = r"^\s*(?:/\*|//)?\s*{}\b"
 _COMMENT_RE = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 
 
+# Run by setuptools (cffi_modules) unless executed directly.
+STANDALONE = __name__ == "__main__"
+
+
 def _rel(path: str) -> str:
-    """Path relative to the working directory (setuptools wants relative sources)."""
-    return os.path.relpath(path, os.getcwd())
+    """Relative to the working directory for setuptools (it wants relative sources);
+    absolute for a stand-alone build, which compiles in another directory."""
+    return path if STANDALONE else os.path.relpath(path, os.getcwd())
 
 
 def read_cdef(header: str = HEADER) -> str:
@@ -68,11 +78,6 @@ def _depends() -> list[str]:
     return [_rel(p) for p in [HEADER, *found]]
 
 
-if __name__ == "__main__":
-    # Stand-alone build into the source tree (python native/build_ffi.py from anywhere):
-    # the relative paths below must then be relative to the repo root.
-    os.chdir(ROOT)
-
 ffibuilder = FFI()
 ffibuilder.cdef(read_cdef())
 ffibuilder.set_source(
@@ -86,5 +91,20 @@ ffibuilder.set_source(
 )
 
 
-if __name__ == "__main__":
-    ffibuilder.compile(tmpdir=ROOT, verbose=True)
+def build_in_place() -> str:
+    """Compiles in native/build/ffi and installs the extension into rsock/."""
+    import shutil
+
+    scratch = os.path.join(HERE, "build", "ffi")
+    os.makedirs(scratch, exist_ok=True)
+    built = ffibuilder.compile(tmpdir=scratch, verbose=True)
+    package = os.path.join(ROOT, "rsock")
+    for old in glob.glob(os.path.join(package, "_native*.so")):
+        os.remove(old)
+    target = os.path.join(package, os.path.basename(built))
+    shutil.copy2(built, target)
+    return target
+
+
+if STANDALONE:
+    print("installed", build_in_place())

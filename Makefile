@@ -1,0 +1,91 @@
+# rsock top-level Makefile.  `make test` and `make bench` are all a fresh machine needs:
+# missing Debian build tools are installed (as root), the venv is created, and the C
+# extension is rebuilt whenever a native source changes.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# Stamp: the editable install (and its compiled extension) is newer than these inputs.
+STAMP := $(VENV)/.rsock-installed
+NATIVE_INPUTS := $(wildcard native/src/*.c native/src/*.h) native/include/rsock.h \
+	native/build_ffi.py pyproject.toml setup.py
+# Directories that exist (git does not keep empty ones, so compat/ may be absent).
+LINT_PATHS := $(wildcard rsock tests compat)
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+export DEBIAN_FRONTEND := noninteractive
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: all venv sysdeps check-native lint test bench clean
+
+all: test
+
+venv: $(STAMP)
+
+# apt-get install only what is missing, and only as root.
+define apt_install
+	if [ "$$(id -u)" -ne 0 ]; then \
+		echo "error: missing Debian packages: $(1); install them (as root: apt-get install -y $(1))" >&2; \
+		exit 1; \
+	fi; \
+	echo "installing Debian packages: $(1)"; \
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends $(1)
+endef
+
+# Build tools for the C extension: a C compiler, make, and the headers of $(PYTHON).
+sysdeps:
+	@missing=""; \
+	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
+	command -v make >/dev/null 2>&1 || missing="$$missing make"; \
+	$(PYTHON) -c 'import os, sys, sysconfig; \
+		sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+		|| missing="$$missing python3-dev"; \
+	if [ -n "$$missing" ]; then $(call apt_install,$$missing); fi
+
+$(VPY): | sysdeps
+	@if ! $(PYTHON) -m venv $(VENV); then \
+		echo "'$(PYTHON) -m venv' failed (python3-venv / ensurepip missing?)" >&2; \
+		rm -rf $(VENV); \
+		$(call apt_install,python3-venv); \
+		$(PYTHON) -m venv $(VENV); \
+	fi
+	$(VPY) -m pip install --quiet --upgrade pip
+
+# A stale extension under another name (a direct `python native/build_ffi.py` names it
+# _native.cpython-3XX-...so, pip _native.abi3.so) would shadow the fresh one: drop them.
+$(STAMP): $(VPY) $(NATIVE_INPUTS) | sysdeps
+	rm -f rsock/_native*.so
+	$(VPY) -m pip install --quiet --upgrade "setuptools>=61" wheel "cffi>=1.15"
+	$(VPY) -m pip install --quiet --no-build-isolation -e '.[test]'
+	touch $@
+
+check-native:
+	$(MAKE) -C native check
+
+lint: venv
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy rsock
+
+# pytest exits 5 when it collected nothing; like any non-zero exit, that fails the target.
+test: venv
+	$(MAKE) check-native
+	$(MAKE) lint
+	@paths="tests"; \
+	if [ -d compat ] && [ -n "$$(find compat -name 'test_*.py' -o -name '*_test.py' | head -n1)" ]; then \
+		paths="$$paths compat"; \
+	fi; \
+	echo "$(VPY) -m pytest $$paths $(PYTEST_ARGS)"; \
+	$(VPY) -m pytest $$paths $(PYTEST_ARGS)
+
+bench: venv
+	$(VPY) -m rsock.bench $(BENCH_ARGS)
+
+clean:
+	-[ -f native/Makefile ] && $(MAKE) -C native clean
+	rm -rf $(VENV) build native/build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -f rsock/_native.c rsock/_native.o rsock/_native*.so
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

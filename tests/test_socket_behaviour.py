@@ -1,0 +1,506 @@
+"""socket.socket behaviour, checked on both transports with TCP as the oracle.
+
+Each test runs once with the stdlib ``socket`` module (``tcp``) and once with
+``rsock``; the ``tcp`` run is what proves the test itself is right.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+import signal
+import socket
+import time
+from types import ModuleType
+from typing import Any
+
+import pytest
+from support import (
+    Background,
+    MiB,
+    Peer,
+    Peers,
+    assert_fast_path,
+    connected_pair,
+    has_ipv6_loopback,
+    provider_of,
+    recv_all,
+    recv_exact,
+    unused_port,
+)
+
+Pair = tuple[Any, Any]
+
+# A peer killed with SIGKILL must be noticed within this long after the kill...
+DETECT_LIMIT_S = 1.0
+# ...plus this much for the kernel to deliver the kill and tear the process down.
+KILL_DELIVERY_MARGIN_S = 0.25
+
+
+def echo_until_eof(conn: Any) -> int:
+    total = 0
+    while data := conn.recv(1 << 16):
+        conn.sendall(data)
+        total += len(data)
+    conn.shutdown(socket.SHUT_WR)
+    return total
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_echo(pair: Pair) -> None:
+    client, server = pair
+    server.settimeout(20)
+    client.settimeout(20)
+    echo = Background(lambda: echo_until_eof(server), name="echo")
+    rng = random.Random(1)
+    total = 0
+    for size in (1, 7, 1000, 4096, 65536, 100_000, 300_000):
+        message = rng.randbytes(size)
+        client.sendall(message)
+        assert recv_exact(client, size) == message
+        total += size
+    client.shutdown(socket.SHUT_WR)
+    assert client.recv(100) == b""
+    assert echo.result() == total
+
+
+def test_echo_across_processes(sockmod: ModuleType, transport: str, peers: Peers) -> None:
+    peer = peers.start(transport, "echo-server")
+    port = int(peer.expect("PORT")[0])
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", port))
+        assert_fast_path(transport, sock)
+        assert peer.expect("READY") == [provider_of(transport, sock)]
+        data = random.Random(2).randbytes(4 * MiB + 17)
+
+        def send() -> None:
+            view = memoryview(data)
+            rng = random.Random(3)
+            while view:
+                n = rng.randint(1, 256 * 1024)
+                sock.sendall(view[:n])
+                view = view[n:]
+            sock.shutdown(socket.SHUT_WR)
+
+        sender = Background(send, name="send")
+        echoed = recv_all(sock)
+        sender.result()
+    assert len(echoed) == len(data)
+    assert echoed == data
+    peer.expect("DONE")
+    assert peer.wait() == 0
+
+
+def test_sendall_several_mib_while_peer_reads(pair: Pair) -> None:
+    client, server = pair
+    server.settimeout(30)
+    client.settimeout(30)
+    data = random.Random(4).randbytes(16 * MiB + 3)
+    reader = Background(lambda: hashlib.sha256(recv_exact(server, len(data))).digest())
+    assert client.sendall(data) is None
+    assert reader.result() == hashlib.sha256(data).digest()
+
+
+def test_recv_into_bytearray_and_memoryview_slice(pair: Pair) -> None:
+    client, server = pair
+    server.settimeout(10)
+    data = bytes(range(48))
+    client.sendall(data)
+
+    # A whole bytearray.
+    buf = bytearray(16)
+    got = server.recv_into(buf)
+    assert 1 <= got <= 16
+    while got < 16:
+        n = server.recv_into(memoryview(buf)[got:])
+        assert n > 0
+        got += n
+    assert buf == data[:16]
+
+    # A slice of a memoryview, with nbytes: nothing outside the slice may change.
+    big = bytearray(b"\xee" * 32)
+    view = memoryview(big)[8:24]
+    got = 0
+    while got < 16:
+        n = server.recv_into(view[got:], min(4, 16 - got))
+        assert 1 <= n <= 4
+        got += n
+    assert big[:8] == b"\xee" * 8
+    assert big[8:24] == data[16:32]
+    assert big[24:] == b"\xee" * 8
+
+    assert recv_exact(server, 16) == data[32:]
+
+
+def test_send_str_raises_typeerror(pair: Pair) -> None:
+    client, server = pair
+    server.settimeout(10)
+    with pytest.raises(TypeError):
+        client.send("str")
+    with pytest.raises(TypeError):
+        client.sendall("str")
+    # The connection is unharmed.
+    client.sendall(b"ok")
+    assert recv_exact(server, 2) == b"ok"
+
+
+# --------------------------------------------------------------------------- closing
+
+
+def test_eof_after_peer_closes(pair: Pair) -> None:
+    client, server = pair
+    client.settimeout(10)
+    server.sendall(b"bye")
+    server.close()
+    assert recv_all(client) == b"bye"
+    assert client.recv(10) == b""  # EOF stays EOF
+
+
+def test_shutdown_wr_half_close(pair: Pair) -> None:
+    client, server = pair
+    client.settimeout(10)
+    server.settimeout(10)
+    client.sendall(b"request")
+    client.shutdown(socket.SHUT_WR)
+    with pytest.raises(BrokenPipeError):
+        client.send(b"more")
+    # The peer reads the data, then EOF...
+    assert recv_all(server) == b"request"
+    # ...and can still send back.
+    server.sendall(b"response")
+    server.shutdown(socket.SHUT_WR)
+    assert recv_all(client) == b"response"
+
+
+def test_closed_socket_raises_ebadf(pair: Pair) -> None:
+    client, _ = pair
+    client.close()
+    with pytest.raises(OSError) as info:
+        client.recv(10)
+    assert info.value.errno == errno.EBADF
+    with pytest.raises(OSError) as info:
+        client.send(b"x")
+    assert info.value.errno == errno.EBADF
+    client.close()  # closing twice is harmless
+
+
+def test_context_manager_closes(sockmod: ModuleType, transport: str) -> None:
+    client, server = connected_pair(sockmod)
+    with server:
+        server.settimeout(10)
+        with client as entered:
+            assert entered is client
+            assert_fast_path(transport, client)
+            client.sendall(b"x")
+        assert client.fileno() == -1
+        with pytest.raises(OSError) as info:
+            client.recv(1)
+        assert info.value.errno == errno.EBADF
+        assert recv_all(server) == b"x"  # the peer sees the data, then EOF
+
+
+def test_recv_on_never_connected_socket(sockmod: ModuleType) -> None:
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as sock:
+        with pytest.raises(OSError) as info:
+            sock.recv(10)
+        assert info.value.errno == errno.ENOTCONN
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+def test_connect_refused(sockmod: ModuleType) -> None:
+    port = unused_port()
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        started = time.monotonic()
+        with pytest.raises(ConnectionRefusedError):
+            sock.connect(("127.0.0.1", port))
+        assert time.monotonic() - started < 5
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        assert sock.connect_ex(("127.0.0.1", port)) == errno.ECONNREFUSED
+
+
+def test_accept_several_clients(sockmod: ModuleType, transport: str) -> None:
+    count = 5
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.settimeout(20)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(count)
+
+        def serve() -> dict[bytes, tuple[Any, ...]]:
+            # Accept everyone first, then serve: this test does not rely on connect
+            # completing before accept (test_connect_completes_before_accept does).
+            accepted = [listener.accept() for _ in range(count)]
+            peers_by_id = {}
+            for conn, addr in accepted:
+                with conn:
+                    assert_fast_path(transport, conn)
+                    conn.settimeout(20)
+                    assert conn.getpeername() == addr
+                    ident = recv_exact(conn, 8)
+                    peers_by_id[ident] = addr
+                    conn.sendall(ident[::-1])
+            return peers_by_id
+
+        server = Background(serve, name="server")
+        clients = []
+        try:
+            for _ in range(count):
+                c = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+                clients.append(c)
+                c.settimeout(20)
+                c.connect(listener.getsockname())
+                assert_fast_path(transport, c)
+            # Everyone sends before anyone waits: accept order need not be connect order.
+            for i, c in enumerate(clients):
+                c.sendall(b"client-%d" % i)
+            for i, c in enumerate(clients):
+                assert recv_exact(c, 8) == (b"client-%d" % i)[::-1]
+                assert c.recv(1) == b""
+            peers_by_id = server.result()
+            for i, c in enumerate(clients):
+                assert peers_by_id[b"client-%d" % i] == c.getsockname()
+            assert len(set(peers_by_id.values())) == count
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_connect_completes_before_accept(sockmod: ModuleType, transport: str) -> None:
+    """Like TCP, connect() returns once the listener's backlog holds the connection,
+    before the server calls accept(); data sent meanwhile waits for the server."""
+    count = 3
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.settimeout(20)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(count)
+        clients = []
+        try:
+            for i in range(count):
+                c = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+                clients.append(c)
+                c.settimeout(5)
+                c.connect(listener.getsockname())  # nobody is in accept() yet
+                c.sendall(b"early-%d" % i)
+            by_peer = {c.getsockname(): i for i, c in enumerate(clients)}
+            for _ in range(count):
+                conn, addr = listener.accept()
+                with conn:
+                    assert_fast_path(transport, conn)
+                    conn.settimeout(10)
+                    assert recv_exact(conn, 7) == b"early-%d" % by_peer[addr]
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_getsockname_getpeername_consistent(sockmod: ModuleType, transport: str) -> None:
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.settimeout(20)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        laddr = listener.getsockname()
+        assert isinstance(laddr, tuple) and len(laddr) == 2
+        assert laddr[0] == "127.0.0.1"
+        assert isinstance(laddr[1], int) and 0 < laddr[1] < 65536
+        acceptor = Background(listener.accept, name="accept")
+        with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as client:
+            client.settimeout(20)
+            client.connect(laddr)
+            conn, accepted_addr = acceptor.result()
+            with conn:
+                assert_fast_path(transport, client, conn)
+                caddr = client.getsockname()
+                assert caddr[0] == "127.0.0.1"
+                assert isinstance(caddr[1], int) and 0 < caddr[1] < 65536
+                assert caddr[1] != laddr[1]
+                assert client.getpeername() == laddr
+                assert conn.getsockname() == laddr
+                assert conn.getpeername() == caddr
+                assert accepted_addr == caddr
+
+
+def test_bind_port_zero_gives_real_port(sockmod: ModuleType) -> None:
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        assert 0 < port < 65536
+        # The port is really taken: neither another socket of the same kind...
+        with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as other:
+            with pytest.raises(OSError) as info:
+                other.bind(("127.0.0.1", port))
+                other.listen(1)
+            assert info.value.errno == errno.EADDRINUSE
+        # ...nor a plain kernel TCP socket can have it.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as plain:
+            with pytest.raises(OSError) as info:
+                plain.bind(("127.0.0.1", port))
+            assert info.value.errno == errno.EADDRINUSE
+
+
+def test_ipv6_loopback_echo(sockmod: ModuleType, transport: str) -> None:
+    if not has_ipv6_loopback():
+        pytest.skip("this host has no working IPv6 loopback (::1)")
+    client, server = connected_pair(sockmod, sockmod.AF_INET6, "::1")
+    with client, server:
+        assert_fast_path(transport, client, server)
+        server.settimeout(10)
+        client.settimeout(10)
+        assert client.family == socket.AF_INET6
+        caddr, saddr = client.getsockname(), server.getsockname()
+        assert len(caddr) == 4 and caddr[0] == "::1"
+        assert len(saddr) == 4 and saddr[0] == "::1"
+        assert client.getpeername() == saddr
+        assert server.getpeername() == caddr
+        client.sendall(b"over ipv6")
+        assert recv_exact(server, 9) == b"over ipv6"
+        server.sendall(b"and back")
+        assert recv_exact(client, 8) == b"and back"
+
+
+# --------------------------------------------------------------------------- timeouts
+
+
+def test_recv_timeout(pair: Pair, sockmod: ModuleType) -> None:
+    client, server = pair
+    assert client.gettimeout() is None
+    client.settimeout(0.2)
+    assert client.gettimeout() == 0.2
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        client.recv(10)
+    elapsed = time.monotonic() - started
+    assert isinstance(info.value, sockmod.timeout)
+    assert 0.18 <= elapsed < 1.0
+    # A timeout leaves the connection usable.
+    server.sendall(b"late")
+    assert recv_exact(client, 4) == b"late"
+
+
+def test_nonblocking_recv(pair: Pair) -> None:
+    client, server = pair
+    client.setblocking(False)
+    assert client.gettimeout() == 0.0
+    with pytest.raises(BlockingIOError):
+        client.recv(10)
+    server.sendall(b"x")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert client.recv(10) == b"x"
+            break
+        except BlockingIOError:
+            assert time.monotonic() < deadline, "data never became readable"
+            time.sleep(0.005)
+    client.setblocking(True)
+    assert client.gettimeout() is None
+
+
+# --------------------------------------------------------------------------- a peer dies
+
+
+def connect_to_holding_peer(
+    sockmod: ModuleType, transport: str, peers: Peers, peer_role: str
+) -> tuple[Any, Peer]:
+    """A connection to a peer process that neither reads nor writes until killed."""
+    if peer_role == "server":
+        peer = peers.start(transport, "hold-server")
+        port = int(peer.expect("PORT")[0])
+        sock = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+        try:
+            sock.settimeout(20)
+            sock.connect(("127.0.0.1", port))
+        except BaseException:
+            sock.close()
+            raise
+    else:
+        with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+            listener.settimeout(20)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            peer = peers.start(transport, "hold-client", listener.getsockname()[1])
+            sock, _ = listener.accept()
+    try:
+        assert_fast_path(transport, sock)
+        assert peer.expect("READY") == [provider_of(transport, sock)]
+    except BaseException:
+        sock.close()
+        raise
+    return sock, peer
+
+
+def kill_later(peer: Peer, ready: Any = None, delay: float = 0.3) -> Background:
+    """Kills ``peer`` with SIGKILL once ``ready()`` holds (or after ``delay``);
+    the thread's result is the monotonic time of the kill."""
+
+    def run() -> float:
+        time.sleep(delay)
+        if ready is not None:
+            ready()
+        killed_at = time.monotonic()
+        os.kill(peer.pid, signal.SIGKILL)
+        return killed_at
+
+    return Background(run, name="killer")
+
+
+@pytest.mark.parametrize("peer_role", ["server", "client"])
+def test_peer_sigkill_while_blocked_in_recv(
+    sockmod: ModuleType, transport: str, peers: Peers, peer_role: str
+) -> None:
+    sock, peer = connect_to_holding_peer(sockmod, transport, peers, peer_role)
+    with sock:
+        sock.settimeout(15)
+        killer = kill_later(peer)
+        try:
+            assert sock.recv(1024) == b""
+        except ConnectionResetError:
+            pass
+        detected_at = time.monotonic()
+        killed_at = killer.result()
+    elapsed = detected_at - killed_at
+    assert elapsed > 0, "recv returned before the peer was killed"
+    assert elapsed < DETECT_LIMIT_S + KILL_DELIVERY_MARGIN_S, f"noticed after {elapsed:.3f} s"
+
+
+@pytest.mark.parametrize("peer_role", ["server", "client"])
+def test_peer_sigkill_while_blocked_in_sendall(
+    sockmod: ModuleType, transport: str, peers: Peers, peer_role: str
+) -> None:
+    sock, peer = connect_to_holding_peer(sockmod, transport, peers, peer_role)
+    chunk = b"\xa5" * MiB
+    sent_chunks = [0]
+
+    def stalled() -> None:
+        # The peer reads nothing, so sendall soon blocks: wait until it has made no
+        # progress for a while.
+        deadline = time.monotonic() + 20
+        last, since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if sent_chunks[0] != last:
+                last, since = sent_chunks[0], time.monotonic()
+            elif time.monotonic() - since >= 0.3:
+                return
+        raise AssertionError("sendall never blocked although the peer reads nothing")
+
+    with sock:
+        sock.settimeout(30)
+        killer = kill_later(peer, ready=stalled, delay=0)
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            while True:
+                sock.sendall(chunk)
+                sent_chunks[0] += 1
+        detected_at = time.monotonic()
+        killed_at = killer.result()
+    elapsed = detected_at - killed_at
+    assert elapsed > 0, "sendall failed before the peer was killed"
+    assert elapsed < DETECT_LIMIT_S + KILL_DELIVERY_MARGIN_S, f"noticed after {elapsed:.3f} s"
