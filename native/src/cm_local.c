@@ -4,13 +4,17 @@
  *
  * A listener binds a SOCK_SEQPACKET Unix socket in the abstract namespace
  * (so it is scoped like the network namespace and never left behind on
- * disk).  The client connects, checks that the listener runs under its own
- * uid, and sends a REQ message with its memfd and eventfd (SCM_RIGHTS);
- * the server checks the client's uid, answers REP with its own pair (or
- * REJ with an errno).  Both sides then map each other's segment.  The
- * socket stays open for the life of the connection as the liveness
- * channel: when a process dies the kernel closes it and the survivor's
- * pollable fd reports it.  See native/PROTOCOL.md.
+ * disk).  The client connects (which completes as soon as the kernel
+ * queues it, as TCP's connect does), checks that the listener runs under
+ * its own uid, creates BOTH halves of the connection (its own, and the
+ * server's with every receive posted) and sends one REQ carrying the four
+ * fds (SCM_RIGHTS).  It can send data at once: it lands in the server's
+ * ring like data queued on a TCP connection not yet accepted.  accept()
+ * checks the client's uid and the REQ, adopts its half and maps the
+ * client's; a refusal is a REJ message followed by hang-up.  The socket
+ * stays open for the life of the connection as the liveness channel: when
+ * a process dies the kernel closes it and the survivor's pollable fd
+ * reports it.  See native/PROTOCOL.md.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +31,6 @@
 
 #define CM_MAGIC 0x434b5352u /* "RSKC" little-endian */
 #define CM_REQ 1
-#define CM_REP 2
 #define CM_REJ 3
 /* a connecting client sends REQ right after connect(); a listener waits
  * at most this long for it before dropping the attempt */
@@ -37,12 +40,17 @@ struct cm_msg {
 	uint32_t magic;
 	uint8_t version;
 	uint8_t kind;
-	uint16_t reason; /* CM_REJ: errno */
-	uint32_t ring_size;
+	uint16_t reason;       /* CM_REJ: errno */
+	uint32_t ring_size;    /* the client's half */
 	uint32_t qdepth;
+	uint32_t srv_ring_size; /* the server's half (created by the client) */
+	uint32_t srv_qdepth;
 	struct rsk_addr src;
 	struct rsk_addr dst;
 };
+_Static_assert(sizeof(struct cm_msg) == 80, "cm_msg is 80 bytes");
+
+#define CM_REQ_FDS 4
 
 static int cm_addr(const char *name, size_t namelen, struct sockaddr_un *sa,
 		   socklen_t *len)
@@ -90,7 +98,7 @@ int cm_listen_fd(const char *name, size_t namelen, int backlog)
 static int cm_send(int fd, const struct cm_msg *m, const int *fds, int nfds)
 {
 	union {
-		char buf[CMSG_SPACE(2 * sizeof(int))];
+		char buf[CMSG_SPACE(CM_REQ_FDS * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct iovec iov = { .iov_base = (void *)m, .iov_len = sizeof(*m) };
@@ -117,14 +125,15 @@ static int cm_send(int fd, const struct cm_msg *m, const int *fds, int nfds)
 }
 
 /*
- * Receives one message and exactly the fds it should carry (2 for REQ and
- * REP, 0 for REJ), waiting up to timeout_ms.  Anything else is closed and
+ * Receives one message and exactly the fds it should carry (4 for REQ,
+ * 0 for REJ), waiting up to timeout_ms.  Anything else is closed and
  * rejected: the peer is untrusted.
  */
-static int cm_recv(int fd, struct cm_msg *m, int fds[2], int timeout_ms)
+static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
+		   int timeout_ms)
 {
 	union {
-		char buf[CMSG_SPACE(4 * sizeof(int))];
+		char buf[CMSG_SPACE(8 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct iovec iov = { .iov_base = m, .iov_len = sizeof(*m) };
@@ -135,7 +144,8 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[2], int timeout_ms)
 	int got[8], ngot = 0, i, rc, want;
 	ssize_t n;
 
-	fds[0] = fds[1] = -1;
+	for (i = 0; i < CM_REQ_FDS; i++)
+		fds[i] = -1;
 	for (;;) {
 		rc = poll(&pfd, 1, eng_ms_left(deadline));
 		if (rc > 0)
@@ -168,7 +178,7 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[2], int timeout_ms)
 	else if (n != sizeof(*m) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
 		 m->magic != CM_MAGIC)
 		rc = -EPROTO;
-	want = rc == 0 && m->kind == CM_REJ ? 0 : 2;
+	want = rc == 0 && m->kind == CM_REJ ? 0 : CM_REQ_FDS;
 	if (rc == 0 && ngot != want)
 		rc = -EPROTO;
 	if (rc) {
@@ -186,7 +196,13 @@ static int cm_addr_ok(const struct rsk_addr *a)
 	return a->family == AF_INET || a->family == AF_INET6;
 }
 
-/* Validates a REQ/REP from the peer; on failure explains in detail. */
+static int cm_geom_ok(uint32_t ring, uint32_t q)
+{
+	return ring_is_pow2(ring) && ring >= RSK_RING_MIN && ring <= RSK_RING_MAX &&
+	       q >= RSK_QDEPTH_MIN && q <= RSK_QDEPTH_MAX;
+}
+
+/* Validates a REQ from the peer; on failure explains in detail. */
 static int cm_check(const struct cm_msg *m, int kind, char *detail,
 		    size_t dlen)
 {
@@ -201,10 +217,9 @@ static int cm_check(const struct cm_msg *m, int kind, char *detail,
 			 m->version, RSK_PROTO_VERSION);
 		return -EPROTONOSUPPORT;
 	}
-	if (!ring_is_pow2(m->ring_size) || m->ring_size < RSK_RING_MIN ||
-	    m->ring_size > RSK_RING_MAX || m->qdepth < RSK_QDEPTH_MIN ||
-	    m->qdepth > RSK_QDEPTH_MAX || !cm_addr_ok(&m->src) ||
-	    !cm_addr_ok(&m->dst)) {
+	if (!cm_geom_ok(m->ring_size, m->qdepth) ||
+	    !cm_geom_ok(m->srv_ring_size, m->srv_qdepth) ||
+	    !cm_addr_ok(&m->src) || !cm_addr_ok(&m->dst)) {
 		snprintf(detail, dlen, "handshake: bad parameters");
 		return -EPROTO;
 	}
@@ -269,9 +284,10 @@ void cm_result_release(struct cm_result *res)
 int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
 		  char *detail, size_t dlen)
 {
-	struct cm_msg req, rep;
-	int fd, fds[2], mine[2], rc;
+	struct cm_msg req;
+	int fd, fds[CM_REQ_FDS], rc, i;
 
+	(void)o; /* the client sized our half (README: differences) */
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
 	fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -292,29 +308,28 @@ int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
 	rc = cm_check(&req, CM_REQ, detail, dlen);
 	if (rc)
 		goto reject;
-	rc = cm_make_qp(o, res);
-	if (rc)
+	res->ops = &shm_ops;
+	rc = shm_qp_adopt(req.srv_ring_size, req.srv_qdepth, fds[2], fds[3],
+			  &res->qp);
+	fds[2] = fds[3] = -1; /* consumed */
+	if (rc) {
+		snprintf(detail, dlen, "handshake: cannot take our half");
 		goto reject;
+	}
 	rc = shm_qp_attach(res->qp, fds[0], fds[1], req.ring_size, req.qdepth);
 	fds[0] = fds[1] = -1; /* consumed */
 	if (rc) {
 		snprintf(detail, dlen, "handshake: cannot map the client's ring");
 		goto reject;
 	}
-	cm_fill(&rep, CM_REP, o);
-	rep.src = req.src;
-	rep.dst = req.dst;
-	mine[0] = shm_qp_memfd(res->qp);
-	mine[1] = shm_qp_evfd(res->qp);
-	rc = cm_send(fd, &rep, mine, 2);
-	if (rc)
-		goto fail;
-	shm_qp_drop_memfd(res->qp);
 	if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0) {
 		rc = -errno;
-		goto fail;
+		goto reject;
 	}
+	res->area = shm_qp_area(res->qp);
 	res->live_fd = fd;
+	res->ring = req.srv_ring_size;
+	res->q = req.srv_qdepth;
 	res->peer_ring = req.ring_size;
 	res->peer_q = req.qdepth;
 	res->src = req.src;
@@ -322,14 +337,32 @@ int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
 	return 0;
 reject:
 	cm_reject(fd, -rc);
-fail:
-	if (fds[0] >= 0)
-		close(fds[0]);
-	if (fds[1] >= 0)
-		close(fds[1]);
+	for (i = 0; i < CM_REQ_FDS; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
 	close(fd);
 	cm_result_release(res);
 	return rc;
+}
+
+int cm_read_reject(int fd, char *detail, size_t dlen)
+{
+	struct cm_msg m;
+	int fds[CM_REQ_FDS], rc;
+
+	rc = cm_recv(fd, &m, fds, 0);
+	if (rc == 0 && m.kind == CM_REJ) {
+		snprintf(detail, dlen, "the listener refused the connection: %s",
+			 strerror(m.reason));
+		return 0;
+	}
+	if (rc == 0) {
+		int i;
+
+		for (i = 0; i < CM_REQ_FDS; i++)
+			close(fds[i]);
+	}
+	return -EPROTO;
 }
 
 int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
@@ -339,9 +372,9 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 {
 	int64_t deadline = eng_deadline(timeout_ms);
 	struct sockaddr_un sa;
-	struct cm_msg req, rep;
+	struct cm_msg req;
 	socklen_t len;
-	int fd, rc, fds[2], mine[2];
+	int fd, rc, srv_memfd = -1, srv_evfd = -1, fds[CM_REQ_FDS];
 
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
@@ -383,47 +416,46 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 	rc = cm_make_qp(o, res);
 	if (rc)
 		goto out;
+	rc = shm_half_create(o->ring_size, o->qdepth, &srv_memfd, &srv_evfd);
+	if (rc)
+		goto out;
 	cm_fill(&req, CM_REQ, o);
+	req.srv_ring_size = o->ring_size;
+	req.srv_qdepth = o->qdepth;
 	req.src = *src;
 	req.dst = *dst;
-	mine[0] = shm_qp_memfd(res->qp);
-	mine[1] = shm_qp_evfd(res->qp);
-	rc = cm_send(fd, &req, mine, 2);
+	fds[0] = shm_qp_memfd(res->qp);
+	fds[1] = shm_qp_evfd(res->qp);
+	fds[2] = srv_memfd;
+	fds[3] = srv_evfd;
+	rc = cm_send(fd, &req, fds, CM_REQ_FDS);
+	if (rc == -EPIPE || rc == -ECONNRESET) {
+		snprintf(detail, dlen, "the listener went away");
+		rc = -ECONNREFUSED;
+	}
 	if (rc)
 		goto out;
-	rc = cm_recv(fd, &rep, fds, deadline < 0 ? -1 : eng_ms_left(deadline));
-	if (rc == -ECONNRESET || rc == -EPIPE) {
-		snprintf(detail, dlen, "the listener dropped the handshake");
-		rc = -ECONNREFUSED;
-		goto out;
-	}
+	/* map the server's half (created here, its fds just went out) */
+	rc = shm_qp_attach(res->qp, srv_memfd, srv_evfd, o->ring_size,
+			   o->qdepth);
+	srv_memfd = srv_evfd = -1; /* consumed */
 	if (rc)
 		goto out;
-	if (rep.kind == CM_REJ) {
-		snprintf(detail, dlen, "the listener refused: %s",
-			 strerror(rep.reason));
-		rc = -ECONNREFUSED;
-		goto out;
-	}
-	rc = cm_check(&rep, CM_REP, detail, dlen);
-	if (rc) {
-		close(fds[0]);
-		close(fds[1]);
-		goto out;
-	}
-	rc = shm_qp_attach(res->qp, fds[0], fds[1], rep.ring_size, rep.qdepth);
-	if (rc) {
-		snprintf(detail, dlen, "handshake: cannot map the server's ring");
-		goto out;
-	}
 	shm_qp_drop_memfd(res->qp);
+	res->area = shm_qp_area(res->qp);
 	res->live_fd = fd;
-	res->peer_ring = rep.ring_size;
-	res->peer_q = rep.qdepth;
+	res->ring = o->ring_size;
+	res->q = o->qdepth;
+	res->peer_ring = o->ring_size;
+	res->peer_q = o->qdepth;
 	res->src = *src;
 	res->dst = *dst;
 	return 0;
 out:
+	if (srv_memfd >= 0)
+		close(srv_memfd);
+	if (srv_evfd >= 0)
+		close(srv_evfd);
 	close(fd);
 	cm_result_release(res);
 	return rc;

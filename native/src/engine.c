@@ -431,7 +431,7 @@ static int eng_progress(rsk_sock *s)
 /* The liveness channel fired: closed (peer gone) or a protocol error. */
 static void eng_check_live(rsk_sock *s)
 {
-	char b;
+	char b, why[sizeof(s->detail)];
 	ssize_t n;
 
 	if (s->live_fd < 0 || (s->flags & F_PEER_GONE))
@@ -443,7 +443,9 @@ static void eng_check_live(rsk_sock *s)
 	eng_progress(s);
 	s->flags |= F_PEER_GONE;
 	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
-	if (n > 0)
+	if (n > 0 && cm_read_reject(s->live_fd, why, sizeof(why)) == 0)
+		eng_fail(s, ECONNRESET, 0, "%s", why);
+	else if (n > 0)
 		eng_fail(s, ECONNRESET, 1,
 			 "protocol violation: data on the liveness channel");
 	else if (!(s->flags & F_PEER_FIN) && !(s->flags & F_DEAD))
@@ -971,8 +973,8 @@ static int eng_attach(rsk_sock *s, struct cm_result *res)
 	s->qp = res->qp;
 	s->live_fd = res->live_fd;
 	s->lctrl = res->area;
-	s->rsize = s->opts.ring_size;
-	s->lq = s->opts.qdepth;
+	s->opts.ring_size = s->rsize = res->ring;
+	s->opts.qdepth = s->lq = res->q;
 	s->ring = res->area + prov_ctrl_len(s->lq);
 	s->peer_rsize = res->peer_ring;
 	s->peer_q = res->peer_q;

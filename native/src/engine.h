@@ -131,6 +131,8 @@ struct cm_result {
 	struct prov_qp *qp;
 	uint8_t *area; /* our recv area */
 	int live_fd;
+	uint32_t ring; /* geometry of our half */
+	uint32_t q;
 	uint32_t peer_ring;
 	uint32_t peer_q;
 	struct rsk_addr src;
@@ -148,6 +150,8 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 	       int timeout_ms, struct cm_result *res, char *detail,
 	       size_t dlen);
 void cm_result_release(struct cm_result *res);
+/* The liveness channel has data: a REJ (0, detail filled) or -EPROTO. */
+int cm_read_reject(int fd, char *detail, size_t dlen);
 
 /* time helpers */
 int64_t eng_now_ns(void);

@@ -89,6 +89,14 @@ uint8_t *shm_qp_area(struct prov_qp *qp);
  * seals and size against the peer's announced geometry. */
 int shm_qp_attach(struct prov_qp *qp, int memfd, int evfd,
 		  uint32_t ring_size, uint32_t qdepth);
+/* Creates the peer's half for it (a client does this for the server, so
+ * that connect() needs no answer): a sealed segment whose receives are
+ * all posted, and its notify eventfd.  Nothing stays mapped. */
+int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd,
+		    int *evfd);
+/* Takes a half the peer created as our own (both fds consumed). */
+int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
+		 struct prov_qp **out);
 /* Close the memfd once the peer has it (mappings stay). */
 void shm_qp_drop_memfd(struct prov_qp *qp);
 

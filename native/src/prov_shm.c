@@ -119,44 +119,67 @@ static void seg_layout(struct shm_seg *s, uint8_t *base, uint32_t ring_size,
 	s->qdepth = qdepth;
 }
 
+/* A new sealed 0600 segment with its header written; returns the memfd
+ * and leaves it mapped at *base. */
+static int seg_new(uint32_t ring_size, uint32_t qdepth, uint8_t **base)
+{
+	size_t size = seg_size(ring_size, qdepth);
+	struct shm_hdr *h;
+	void *p;
+	int fd, rc;
+
+	fd = memfd_create("rsock", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (fchmod(fd, 0600) < 0 || ftruncate(fd, (off_t)size) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		goto fail;
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		goto fail;
+	h = p;
+	h->magic = SHM_MAGIC;
+	h->ring_size = ring_size;
+	h->qdepth = qdepth;
+	*base = p;
+	return fd;
+fail:
+	rc = -errno;
+	close(fd);
+	return rc;
+}
+
+static struct prov_qp *qp_alloc(uint32_t qdepth)
+{
+	struct prov_qp *qp = calloc(1, sizeof(*qp));
+
+	if (!qp)
+		return NULL;
+	qp->memfd = qp->evfd = qp->peer_evfd = -1;
+	qp->rq_wrid = calloc(qdepth, sizeof(uint64_t));
+	if (!qp->rq_wrid) {
+		free(qp);
+		return NULL;
+	}
+	return qp;
+}
+
 int shm_qp_create(uint32_t ring_size, uint32_t qdepth, struct prov_qp **out)
 {
 	struct prov_qp *qp;
-	size_t size = seg_size(ring_size, qdepth);
-	void *base;
+	uint8_t *base;
 	int rc;
 
 	if (!ring_is_pow2(ring_size) || qdepth == 0)
 		return -EINVAL;
-	qp = calloc(1, sizeof(*qp));
+	qp = qp_alloc(qdepth);
 	if (!qp)
 		return -ENOMEM;
-	qp->memfd = qp->evfd = qp->peer_evfd = -1;
-	qp->rq_wrid = calloc(qdepth, sizeof(uint64_t));
-	if (!qp->rq_wrid) {
-		rc = -ENOMEM;
+	rc = seg_new(ring_size, qdepth, &base);
+	if (rc < 0)
 		goto fail;
-	}
-	qp->memfd = memfd_create("rsock", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (qp->memfd < 0) {
-		rc = -errno;
-		goto fail;
-	}
-	if (fchmod(qp->memfd, 0600) < 0 || ftruncate(qp->memfd, (off_t)size) < 0 ||
-	    fcntl(qp->memfd, F_ADD_SEALS,
-		  F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		rc = -errno;
-		goto fail;
-	}
-	base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, qp->memfd, 0);
-	if (base == MAP_FAILED) {
-		rc = -errno;
-		goto fail;
-	}
+	qp->memfd = rc;
 	seg_layout(&qp->l, base, ring_size, qdepth);
-	qp->l.hdr->magic = SHM_MAGIC;
-	qp->l.hdr->ring_size = ring_size;
-	qp->l.hdr->qdepth = qdepth;
 	qp->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (qp->evfd < 0) {
 		rc = -errno;
@@ -167,6 +190,30 @@ int shm_qp_create(uint32_t ring_size, uint32_t qdepth, struct prov_qp **out)
 fail:
 	shm_ops.destroy(qp);
 	return rc;
+}
+
+int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd, int *evfd)
+{
+	uint8_t *base;
+	int fd;
+
+	if (!ring_is_pow2(ring_size) || qdepth == 0)
+		return -EINVAL;
+	fd = seg_new(ring_size, qdepth, &base);
+	if (fd < 0)
+		return fd;
+	/* every receive of the future owner is posted from the start */
+	((struct shm_hdr *)base)->rq_prod = qdepth;
+	munmap(base, seg_size(ring_size, qdepth));
+	*evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (*evfd < 0) {
+		int rc = -errno;
+
+		close(fd);
+		return rc;
+	}
+	*memfd = fd;
+	return 0;
 }
 
 int shm_qp_memfd(struct prov_qp *qp)
@@ -202,44 +249,109 @@ static int is_eventfd(int fd)
 	return n == (ssize_t)sizeof(want) - 1 && !memcmp(link, want, (size_t)n);
 }
 
-int shm_qp_attach(struct prov_qp *qp, int memfd, int evfd, uint32_t ring_size,
-		  uint32_t qdepth)
+/* Maps a segment the peer created after checking it cannot hurt us: a
+ * regular memfd sealed against shrinking and growing, large enough for
+ * the announced geometry, with our magic.  Consumes nothing. */
+static int seg_map_checked(int memfd, uint32_t ring_size, uint32_t qdepth,
+			   uint8_t **base)
 {
 	const int need = F_SEAL_SHRINK | F_SEAL_GROW;
 	size_t size = seg_size(ring_size, qdepth);
 	struct stat st;
-	void *base;
-	int seals, fl, rc = -EPROTO;
+	void *p;
+	int seals;
 
-	if (qp->r.base || !ring_is_pow2(ring_size) || qdepth == 0)
-		goto out;
-	/* the notify fd must be an eventfd we can write without blocking */
-	if (!is_eventfd(evfd))
-		goto out;
-	fl = fcntl(evfd, F_GETFL);
-	if (fl < 0 || fcntl(evfd, F_SETFL, fl | O_NONBLOCK) < 0)
-		goto out;
+	if (!ring_is_pow2(ring_size) || qdepth == 0)
+		return -EPROTO;
 	seals = fcntl(memfd, F_GET_SEALS);
 	if (seals < 0 || (seals & need) != need)
-		goto out;
+		return -EPROTO;
 	if (fstat(memfd, &st) < 0 || !S_ISREG(st.st_mode) ||
 	    (uint64_t)st.st_size < size)
-		goto out;
-	base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-	if (base == MAP_FAILED) {
-		rc = -errno;
-		goto out;
+		return -EPROTO;
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	if (__atomic_load_n(&((struct shm_hdr *)p)->magic, __ATOMIC_RELAXED) !=
+	    SHM_MAGIC) {
+		munmap(p, size);
+		return -EPROTO;
 	}
+	*base = p;
+	return 0;
+}
+
+/* An eventfd we may write (or read) without ever blocking. */
+static int evfd_checked(int evfd)
+{
+	int fl;
+
+	if (!is_eventfd(evfd))
+		return -EPROTO;
+	fl = fcntl(evfd, F_GETFL);
+	if (fl < 0 || fcntl(evfd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+int shm_qp_attach(struct prov_qp *qp, int memfd, int evfd, uint32_t ring_size,
+		  uint32_t qdepth)
+{
+	uint8_t *base;
+	int rc = -EPROTO;
+
+	if (qp->r.base)
+		goto out;
+	rc = evfd_checked(evfd);
+	if (!rc)
+		rc = seg_map_checked(memfd, ring_size, qdepth, &base);
+	if (rc)
+		goto out;
 	seg_layout(&qp->r, base, ring_size, qdepth);
-	if (__atomic_load_n(&qp->r.hdr->magic, __ATOMIC_RELAXED) != SHM_MAGIC) {
-		munmap(base, size);
-		qp->r.base = NULL;
-		goto out;
-	}
 	close(memfd);
 	qp->peer_evfd = evfd;
 	return 0;
 out:
+	close(memfd);
+	close(evfd);
+	return rc;
+}
+
+int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
+		 struct prov_qp **out)
+{
+	struct prov_qp *qp = NULL;
+	uint8_t *base;
+	uint32_t i;
+	int rc;
+
+	rc = evfd_checked(evfd);
+	if (rc)
+		goto out;
+	qp = qp_alloc(qdepth);
+	if (!qp) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = seg_map_checked(memfd, ring_size, qdepth, &base);
+	if (rc)
+		goto out;
+	seg_layout(&qp->l, base, ring_size, qdepth);
+	close(memfd);
+	qp->evfd = evfd;
+	/* the creator posted all our receives; everything else in the
+	 * header is ours to (re)set, whatever the creator left there */
+	for (i = 0; i < qdepth; i++)
+		qp->rq_wrid[i] = PROV_WRID_RECV | i;
+	qp->rq_prod = qdepth;
+	__atomic_store_n(&qp->l.hdr->rq_prod, qdepth, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->cq_cons, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELEASE);
+	*out = qp;
+	return 0;
+out:
+	if (qp)
+		shm_ops.destroy(qp); /* owns neither fd yet */
 	close(memfd);
 	close(evfd);
 	return rc;

@@ -9,6 +9,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 
 #include "engine.h"
@@ -503,6 +506,60 @@ static void t_fork_child_copy(void)
 	rsk_free(b);
 }
 
+/* As with TCP, connect() completes from the listen queue: one thread can
+ * connect, send, and only then accept. */
+static void t_connect_before_accept(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	struct rsk_addr x = { .family = AF_INET, .port = 7 };
+	struct rsk_addr src, dst;
+	rsk_sock *l, *c, *a;
+	char buf[16];
+
+	CHECK_EQ(rsk_socket(&l), 0);
+	CHECK_EQ(rsk_listen(l, "rsock-ctest/cba", 15, 4), 0);
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_set_opts(c, &o), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/cba", 15, &x, &x, 1000), 0);
+	CHECK_EQ(rsk_send(c, "early", 5, 0, 0), 5);
+	CHECK(rsk_poll(l) & RSK_POLLIN);
+	CHECK_EQ(rsk_accept(l, 1000, &a, &src, &dst), 0);
+	CHECK_EQ(src.port, 7);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 1000), 5);
+	CHECK(!memcmp(buf, "early", 5));
+	CHECK_EQ(rsk_send(a, "late", 4, 0, 0), 4);
+	CHECK_EQ(rsk_recv(c, buf, sizeof(buf), 0, 1000), 4);
+	rsk_free(a);
+	rsk_free(c);
+	rsk_free(l);
+}
+
+/* A client that speaks garbage is dropped; the listener serves the next. */
+static void t_garbage_client(void)
+{
+	struct rsk_addr x = { .family = AF_INET };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	rsk_sock *l, *c, *a;
+	int fd;
+
+	CHECK_EQ(rsk_socket(&l), 0);
+	CHECK_EQ(rsk_listen(l, "rsock-ctest/garbage", 19, 4), 0);
+	memcpy(sa.sun_path + 1, "rsock-ctest/garbage", 19);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	CHECK_EQ(connect(fd, (struct sockaddr *)&sa,
+			 offsetof(struct sockaddr_un, sun_path) + 20), 0);
+	CHECK_EQ(write(fd, "GET / HTTP/1.0\r\n\r\n", 18), 18);
+	CHECK_EQ(rsk_accept(l, 200, &a, NULL, NULL), -ETIMEDOUT);
+	close(fd);
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/garbage", 19, &x, &x, 1000), 0);
+	CHECK_EQ(rsk_accept(l, 1000, &a, NULL, NULL), 0);
+	CHECK_EQ(rsk_send(c, "ok", 2, 0, 0), 2);
+	rsk_free(a);
+	rsk_free(c);
+	rsk_free(l);
+}
+
 static void t_refused(void)
 {
 	struct rsk_addr x = { .family = AF_INET };
@@ -518,6 +575,8 @@ int main(void)
 {
 	RUN(t_echo);
 	RUN(t_refused);
+	RUN(t_connect_before_accept);
+	RUN(t_garbage_client);
 	RUN(t_credit_exhaustion);
 	RUN(t_space_threshold);
 	RUN(t_threshold_sizes);
