@@ -66,7 +66,7 @@ int eng_ms_left(int64_t deadline)
 
 void rsk_opts_default(struct rsk_opts *o)
 {
-	o->ring_size = 1u << 20;
+	o->ring_size = 4u << 20; /* larger than L2: see README, Benchmarks */
 	o->qdepth = 256;
 	o->inline_max = 256;
 	o->spin_us = 20;
@@ -391,7 +391,7 @@ static void eng_handle_recv(rsk_sock *s, const struct prov_wc *wc)
 	if (op == OP_FIN)
 		s->flags |= F_PEER_FIN;
 	else if (op == OP_RESET)
-		eng_fail(s, ECONNRESET, 0, "connection reset by peer");
+		eng_fail(s, ECONNRESET, 0, "the peer aborted the connection");
 }
 
 /* Reap and handle completions, then send due control messages.
