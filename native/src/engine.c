@@ -69,7 +69,7 @@ void rsk_opts_default(struct rsk_opts *o)
 	o->ring_size = 4u << 20; /* larger than L2: see README, Benchmarks */
 	o->qdepth = 256;
 	o->inline_max = 256;
-	o->spin_us = 20;
+	o->spin_us = 50;
 }
 
 int rsk_opts_check(struct rsk_opts *o)
