@@ -226,3 +226,8 @@ def stats(h: Handle) -> dict[str, int]:
 
 def close(h: Handle) -> int:
     return int(lib.rsk_close(h.ptr))
+
+
+def set_interest(h: Handle, events: int) -> int:
+    """What makes the watched fd readable: POLLIN and/or POLLOUT."""
+    return int(lib.rsk_set_interest(h.ptr, events))

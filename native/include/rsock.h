@@ -103,8 +103,13 @@ int rsk_socket(rsk_sock **out);
  * pending connection is there (level-triggered once rsk_set_watch(s, 1)). */
 int rsk_fileno(rsk_sock *s);
 /* Keep the fd's readability exact after every call (costs a syscall or two
- * on state changes); off by default, turned on when the fd is handed out. */
+ * on state changes); off by default, turned on when the fd is handed out.
+ * events (RSK_POLLIN, RSK_POLLOUT) says what makes the fd readable: with
+ * RSK_POLLOUT it is also readable while a send would not block (the fd
+ * itself never polls writable: it is an epoll fd), so an event loop can
+ * wait for send space with a reader.  on = 0 turns watching off. */
 int rsk_set_watch(rsk_sock *s, int on);
+int rsk_set_interest(rsk_sock *s, int events);
 int rsk_get_opts(rsk_sock *s, struct rsk_opts *o);
 int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o);
 

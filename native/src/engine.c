@@ -141,6 +141,7 @@ int rsk_socket(rsk_sock **out)
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	s->live_fd = -1;
+	s->interest = RSK_POLLIN;
 	rsk_opts_default(&s->opts);
 	*out = s;
 	return 0;
@@ -487,17 +488,27 @@ static int eng_writable(const rsk_sock *s)
 	       eng_credits(s) > CREDIT_RESERVE;
 }
 
+/* What watch mode shows as readability of the fd. */
+static int eng_fd_ready(const rsk_sock *s)
+{
+	return ((s->interest & RSK_POLLIN) && eng_readable(s)) ||
+	       ((s->interest & RSK_POLLOUT) && eng_writable(s)) ||
+	       (s->flags & (F_DEAD | F_PEER_GONE));
+}
+
 /*
  * In watch mode the notify fd is kept readable exactly while the socket
- * is: kick it when readable, otherwise drain it and arm, then re-poll
- * (arm -> re-poll, so a completion that raced the arm is not missed).
+ * is ready (eng_fd_ready): kick it when ready, otherwise drain it and arm,
+ * then re-poll (arm -> re-poll, so a completion that raced the arm is not
+ * missed).  Send space comes back through completions (credit messages),
+ * so arming also covers RSK_POLLOUT interest.
  */
 static void eng_sync_fd(rsk_sock *s)
 {
 	if (!s->watch || s->kind != K_CONN || s->fd_waiter || s->released)
 		return;
 	for (;;) {
-		if (eng_readable(s)) {
+		if (eng_fd_ready(s)) {
 			if (!s->kicked) {
 				s->ops->kick(s->qp);
 				s->kicked = 1;
@@ -958,6 +969,19 @@ int rsk_set_watch(rsk_sock *s, int on)
 	if ((rc = eng_enter(s)))
 		return rc;
 	s->watch = !!on;
+	eng_leave(s); /* syncs the fd */
+	return 0;
+}
+
+int rsk_set_interest(rsk_sock *s, int events)
+{
+	int rc;
+
+	if (events & ~(RSK_POLLIN | RSK_POLLOUT))
+		return -EINVAL;
+	if ((rc = eng_enter(s)))
+		return rc;
+	s->interest = events;
 	eng_leave(s); /* syncs the fd */
 	return 0;
 }

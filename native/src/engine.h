@@ -79,6 +79,7 @@ struct rsk_sock {
 	int released; /* rings and fds gone */
 	int fd_waiter;
 	int watch;
+	int interest; /* RSK_POLLIN/RSK_POLLOUT that make the fd readable */
 	int kicked; /* we made our own notify fd readable */
 	unsigned fork_gen; /* eng_fork_gen when created: a forked child's copy
 			    * must never touch the shared rings */

@@ -474,6 +474,30 @@ static void t_watch_fd(void)
 	rsk_free(b);
 }
 
+/* Interest in POLLOUT: the fd turns readable when send space comes back. */
+static void t_watch_write_interest(void)
+{
+	struct rsk_opts o = opts(4096, 32);
+	static char data[8192], buf[8192];
+	struct pollfd pfd;
+	rsk_sock *a, *b;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_set_watch(b, 1), 0);
+	CHECK_EQ(rsk_set_interest(b, RSK_POLLIN | RSK_POLLOUT), 0);
+	pfd = (struct pollfd){ .fd = rsk_fileno(b), .events = POLLIN };
+	CHECK_EQ(poll(&pfd, 1, 0), 1); /* writable */
+	CHECK_EQ(rsk_send(b, data, sizeof(data), 0, 0), 4096);
+	CHECK_EQ(poll(&pfd, 1, 0), 0); /* ring full, nothing to read */
+	/* the reader consumes: credits come back and wake the fd */
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 1000), 4096);
+	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	CHECK(rsk_poll(b) & RSK_POLLOUT);
+	CHECK_EQ(rsk_set_interest(b, 7), -EINVAL);
+	rsk_free(a);
+	rsk_free(b);
+}
+
 /* A forked child's copy of a connection refuses use and closes silently:
  * the parent's connection goes on undisturbed. */
 static void t_fork_child_copy(void)
@@ -586,6 +610,7 @@ int main(void)
 	RUN(t_violations);
 	RUN(t_remote_access_error);
 	RUN(t_watch_fd);
+	RUN(t_watch_write_interest);
 	RUN(t_fork_child_copy);
 	RUN(t_stream_wrap_small_ring);
 	RUN(t_stream_default);
