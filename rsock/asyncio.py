@@ -1,0 +1,725 @@
+"""asyncio over rsock: a Transport/Protocol adapter and the streams API.
+
+uvloop's ``create_server(sock=...)``/``create_connection(sock=...)`` hand
+``sock.fileno()`` to libuv as a kernel socket, so rsock brings its own
+Transport.  It is driven only by ``loop.add_reader`` on the socket's
+pollable fd (an epoll fd that the engine keeps readable exactly while the
+socket is ready: "interest" IN for data/EOF/errors, OUT while we have
+bytes queued and wait for send space), which works the same on asyncio and
+uvloop.  The engine arms its notification and re-polls before the fd can
+look idle, so the loop may sleep on it safely; the loop thread never spins
+(the socket's spin time is set to 0 unless ``RSOCK_SPIN_US`` says
+otherwise).
+
+Entry points mirror the loop's and asyncio's: :func:`create_server`,
+:func:`create_connection`, :func:`start_server`, :func:`open_connection`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import os
+import socket as _std
+import warnings
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from rsock import _lowlevel as _ll
+from rsock._socket import socket
+
+__all__ = ["create_server", "create_connection", "start_server", "open_connection"]
+
+_MAX_READ = 256 * 1024  # bytes per recv for a plain Protocol
+_READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
+_DEFAULT_HIGH = 64 * 1024
+
+
+def _loop_spin(sock: socket) -> None:
+    """No spinning on the loop thread unless the user asked for it."""
+    if "RSOCK_SPIN_US" in os.environ:
+        return
+    h = sock._h
+    if h is not None:
+        o = _ll.get_opts(h)
+        _ll.set_opts(h, _ll.Opts(o.ring_size, o.qdepth, o.inline_max, 0))
+
+
+class RsockTransport(asyncio.Transport):
+    """``asyncio.Transport`` over a connected rsock socket."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket,
+        protocol: asyncio.BaseProtocol,
+        server: RsockServer | None = None,
+        waiter: asyncio.Future[None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._info: dict[str, Any] = {"socket": sock}
+        self._loop = loop
+        self._sock = sock
+        self._protocol = protocol
+        self._server = server
+        sock.setblocking(False)
+        _loop_spin(sock)
+        self._fd = sock.fileno()  # turns on the engine's exact readiness
+        h = sock._h
+        assert h is not None
+        self._h = h
+        try:
+            self._info["peername"] = sock.getpeername()
+        except OSError:
+            self._info["peername"] = None
+        self._info["sockname"] = sock.getsockname()
+        self._info["sslcontext"] = None
+        self._buffer: collections.deque[memoryview] = collections.deque()
+        self._buffer_size = 0
+        self._high = _DEFAULT_HIGH
+        self._low = _DEFAULT_HIGH // 4
+        self._protocol_paused = False
+        self._reading = True
+        self._eof = False  # peer EOF seen
+        self._write_eof_pending = False
+        self._closing = False
+        self._conn_lost = 0
+        self._interest = -1
+        self._reader_added = False
+        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        if server is not None:
+            server._attach()
+        self._loop.call_soon(self._connection_made, waiter)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._info.get(name, default)
+
+    # ---------------------------------------------------------------- setup
+
+    def _connection_made(self, waiter: asyncio.Future[None] | None) -> None:
+        try:
+            self._protocol.connection_made(self)
+        except BaseException as exc:
+            if waiter is not None and not waiter.cancelled():
+                waiter.set_exception(exc)
+            self._force_close(exc if isinstance(exc, Exception) else None)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if waiter is not None and not waiter.cancelled():
+            waiter.set_result(None)
+        self._update_interest()
+
+    def _update_interest(self) -> None:
+        """Tell the engine what should wake us, and (un)register the reader."""
+        if self._conn_lost:
+            return
+        want = 0
+        if self._reading and not self._eof and not self._closing:
+            want |= _ll.POLLIN
+        if self._buffer:
+            want |= _ll.POLLOUT
+        if want != self._interest:
+            self._interest = want
+            _ll.set_interest(self._h, want)
+        if want and not self._reader_added:
+            self._loop.add_reader(self._fd, self._on_ready)
+            self._reader_added = True
+        elif not want and self._reader_added:
+            self._loop.remove_reader(self._fd)
+            self._reader_added = False
+
+    # ---------------------------------------------------------------- events
+
+    def _lost(self) -> bool:
+        return self._conn_lost > 0
+
+    def _on_ready(self) -> None:
+        if self._lost():
+            return
+        if self._buffer:
+            self._flush()  # may lose the connection
+        if self._lost():
+            return
+        if self._reading and not self._eof and not self._closing:
+            self._read_ready()
+        if not self._lost():
+            self._update_interest()
+
+    def _read_ready(self) -> None:
+        sock = self._sock
+        for _ in range(_READS_PER_WAKEUP):
+            if not self._reading or self._conn_lost:
+                return
+            try:
+                if self._buffered:
+                    proto: Any = self._protocol
+                    try:
+                        buf = proto.get_buffer(-1)
+                        if not len(buf):
+                            raise RuntimeError("get_buffer() returned an empty buffer")
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
+                        return
+                    n = sock.recv_into(buf)
+                    if not n:
+                        self._read_eof()
+                        return
+                    try:
+                        proto.buffer_updated(n)
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        self._fatal_error(
+                            exc, "Fatal error: protocol.buffer_updated() call failed."
+                        )
+                        return
+                else:
+                    data = sock.recv(_MAX_READ)
+                    if not data:
+                        self._read_eof()
+                        return
+                    try:
+                        self._protocol.data_received(data)  # type: ignore[attr-defined]
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        self._fatal_error(
+                            exc, "Fatal error: protocol.data_received() call failed."
+                        )
+                        return
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._fatal_error(exc, "Fatal read error on rsock transport")
+                return
+
+    def _read_eof(self) -> None:
+        self._eof = True
+        try:
+            keep_open = self._protocol.eof_received()  # type: ignore[attr-defined]
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._fatal_error(exc, "Fatal error: protocol.eof_received() call failed.")
+            return
+        if not keep_open:
+            self.close()
+
+    # ---------------------------------------------------------------- writing
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"data argument must be a bytes-like object, not {type(data).__name__!r}"
+            )
+        if self._write_eof_pending:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if not data:
+            return
+        if self._conn_lost:
+            if self._conn_lost >= 5:
+                self._loop.call_exception_handler(
+                    {"message": "socket.send() raised exception.", "transport": self}
+                )
+            self._conn_lost += 1
+            return
+        if not self._buffer:
+            # fast path: write at once, buffer only the rest
+            try:
+                n = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as exc:
+                self._fatal_error(exc, "Fatal write error on rsock transport")
+                return
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+            self._buffer.append(memoryview(bytes(data)))
+        else:
+            self._buffer.append(memoryview(bytes(data)))
+        self._buffer_size += len(data)
+        self._update_interest()
+        self._maybe_pause_protocol()
+
+    def writelines(self, list_of_data: Iterable[Any]) -> None:
+        self.write(b"".join(list_of_data))
+
+    def _flush(self) -> None:
+        sock = self._sock
+        while self._buffer:
+            chunk = self._buffer[0]
+            try:
+                n = sock.send(chunk)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self._fatal_error(exc, "Fatal write error on rsock transport")
+                return
+            self._buffer_size -= n
+            if n == len(chunk):
+                self._buffer.popleft()
+            else:
+                self._buffer[0] = chunk[n:]
+                break
+        self._maybe_resume_protocol()
+        if not self._buffer:
+            if self._closing:
+                self._loop.call_soon(self._call_connection_lost, None)
+                self._conn_lost += 1
+            elif self._write_eof_pending:
+                self._do_write_eof()
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        if self._closing or self._write_eof_pending:
+            return
+        self._write_eof_pending = True
+        if not self._buffer:
+            self._do_write_eof()
+
+    def _do_write_eof(self) -> None:
+        try:
+            self._sock.shutdown(_std.SHUT_WR)
+        except OSError as exc:
+            self._fatal_error(exc, "Fatal error on rsock transport write_eof()")
+
+    def get_write_buffer_size(self) -> int:
+        return self._buffer_size
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (self._low, self._high)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None:
+            high = _DEFAULT_HIGH if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high, self._low = high, low
+        self._maybe_pause_protocol()
+
+    def _maybe_pause_protocol(self) -> None:
+        if self._buffer_size <= self._high or self._protocol_paused:
+            return
+        self._protocol_paused = True
+        try:
+            self._protocol.pause_writing()
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._loop.call_exception_handler(
+                {
+                    "message": "protocol.pause_writing() failed",
+                    "exception": exc,
+                    "transport": self,
+                    "protocol": self._protocol,
+                }
+            )
+
+    def _maybe_resume_protocol(self) -> None:
+        if self._protocol_paused and self._buffer_size <= self._low:
+            self._protocol_paused = False
+            try:
+                self._protocol.resume_writing()
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._loop.call_exception_handler(
+                    {
+                        "message": "protocol.resume_writing() failed",
+                        "exception": exc,
+                        "transport": self,
+                        "protocol": self._protocol,
+                    }
+                )
+
+    # ---------------------------------------------------------------- reading
+
+    def pause_reading(self) -> None:
+        if self._closing or not self._reading:
+            return
+        self._reading = False
+        self._update_interest()
+
+    def resume_reading(self) -> None:
+        if self._closing or self._reading:
+            return
+        self._reading = True
+        self._update_interest()
+
+    def is_reading(self) -> bool:
+        return self._reading and not self._closing and not self._conn_lost
+
+    # ---------------------------------------------------------------- closing
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._update_interest()
+        if not self._buffer:
+            self._conn_lost += 1
+            self._loop.call_soon(self._call_connection_lost, None)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+        self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    def _fatal_error(self, exc: BaseException, message: str) -> None:
+        if not isinstance(exc, OSError):
+            self._loop.call_exception_handler(
+                {
+                    "message": message,
+                    "exception": exc,
+                    "transport": self,
+                    "protocol": self._protocol,
+                }
+            )
+        self._force_close(exc if isinstance(exc, Exception) else None)
+
+    def _force_close(self, exc: Exception | None) -> None:
+        if self._conn_lost:
+            return
+        if self._buffer:
+            self._buffer.clear()
+            self._buffer_size = 0
+        self._closing = True
+        self._conn_lost += 1
+        self._loop.call_soon(self._call_connection_lost, exc)
+
+    def _call_connection_lost(self, exc: Exception | None) -> None:
+        if self._reader_added:
+            self._loop.remove_reader(self._fd)
+            self._reader_added = False
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()
+            server, self._server = self._server, None
+            if server is not None:
+                server._detach()
+
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        if getattr(self, "_sock", None) is not None and self._sock._h is not None:
+            if not self._conn_lost:
+                _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
+                self._sock.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._conn_lost else ("closing" if self._closing else "open")
+        return f"<RsockTransport {state} fd={self._fd} provider={self._sock.provider!r}>"
+
+
+class RsockServer(asyncio.AbstractServer):
+    """``asyncio.AbstractServer`` over listening rsock sockets."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sockets: list[socket],
+        protocol_factory: Callable[[], asyncio.BaseProtocol],
+        backlog: int,
+    ) -> None:
+        self._loop = loop
+        self._sockets: list[socket] | None = sockets
+        self._factory = protocol_factory
+        self._backlog = backlog
+        self._active = 0
+        self._serving = False
+        self._waiters: list[asyncio.Future[None]] | None = []
+        self._serving_forever_fut: asyncio.Future[None] | None = None
+        for s in sockets:
+            s.setblocking(False)
+
+    def _attach(self) -> None:
+        self._active += 1
+
+    def _detach(self) -> None:
+        self._active -= 1
+        if self._active == 0 and self._sockets is None:
+            self._wakeup()
+
+    def _wakeup(self) -> None:
+        waiters, self._waiters = self._waiters, None
+        for w in waiters or ():
+            if not w.done():
+                w.set_result(None)
+
+    def _start_serving(self) -> None:
+        if self._serving or self._sockets is None:
+            return
+        self._serving = True
+        for s in self._sockets:
+            self._loop.add_reader(s.fileno(), self._accept_ready, s)
+
+    def _accept_ready(self, listener: socket) -> None:
+        for _ in range(self._backlog):
+            try:
+                conn, _addr = listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._loop.call_exception_handler(
+                        {"message": "socket.accept() out of system resource", "exception": exc}
+                    )
+                    return
+                raise
+            try:
+                protocol = self._factory()
+            except BaseException:
+                conn.close()
+                raise
+            RsockTransport(self._loop, conn, protocol, server=self)
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def is_serving(self) -> bool:
+        return self._serving
+
+    @property
+    def sockets(self) -> tuple[socket, ...]:
+        return tuple(self._sockets or ())
+
+    def close(self) -> None:
+        sockets, self._sockets = self._sockets, None
+        if sockets is None:
+            return
+        for s in sockets:
+            if self._serving:
+                self._loop.remove_reader(s.fileno())
+            s.close()
+        self._serving = False
+        if self._serving_forever_fut is not None and not self._serving_forever_fut.done():
+            self._serving_forever_fut.cancel()
+            self._serving_forever_fut = None
+        if self._active == 0:
+            self._wakeup()
+
+    async def start_serving(self) -> None:
+        self._start_serving()
+        await asyncio.sleep(0)
+
+    async def serve_forever(self) -> None:
+        if self._serving_forever_fut is not None:
+            raise RuntimeError(f"server {self!r} is already being awaited on serve_forever()")
+        if self._sockets is None:
+            raise RuntimeError(f"server {self!r} is closed")
+        self._start_serving()
+        self._serving_forever_fut = self._loop.create_future()
+        try:
+            await self._serving_forever_fut
+        except asyncio.CancelledError:
+            try:
+                self.close()
+                await self.wait_closed()
+            finally:
+                raise
+        finally:
+            self._serving_forever_fut = None
+
+    async def wait_closed(self) -> None:
+        # Python 3.11's (and uvloop's) semantics: after close() this
+        # returns at once; before, it waits for close() and for the last
+        # connection to go
+        if self._sockets is None or self._waiters is None:
+            return
+        fut = self._loop.create_future()
+        self._waiters.append(fut)
+        await fut
+
+    async def __aenter__(self) -> RsockServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+        await self.wait_closed()
+
+
+def _check_unsupported(kw: dict[str, Any]) -> None:
+    if kw.get("ssl") is not None:
+        raise NotImplementedError(
+            "rsock.asyncio: ssl= is not supported yet (TLS over rsock is issue 4, part 5)"
+        )
+    for k in ("ssl", "server_hostname", "ssl_handshake_timeout", "ssl_shutdown_timeout"):
+        kw.pop(k, None)
+
+
+async def create_server(
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    host: str | Iterable[str] | None = None,
+    port: int | None = None,
+    *,
+    family: int = _std.AF_UNSPEC,
+    flags: int = _std.AI_PASSIVE,
+    sock: socket | None = None,
+    backlog: int = 100,
+    reuse_address: bool | None = None,
+    reuse_port: bool | None = None,
+    start_serving: bool = True,
+    **kw: Any,
+) -> RsockServer:
+    """``loop.create_server`` for rsock, on the running loop."""
+    _check_unsupported(kw)
+    if kw:
+        raise TypeError(f"unexpected keyword arguments: {sorted(kw)}")
+    loop = asyncio.get_running_loop()
+    if sock is not None:
+        if host is not None or port is not None:
+            raise ValueError("host/port and sock can not be specified at the same time")
+        sockets = [sock]
+    else:
+        if reuse_address is None:
+            reuse_address = True
+        hosts: list[str | None]
+        if host is None or isinstance(host, str):
+            hosts = [host or None]
+        else:
+            hosts = list(host)
+        infos: list[Any] = []
+        for h in hosts:
+            infos += await loop.getaddrinfo(
+                h, port, family=family, type=_std.SOCK_STREAM, flags=flags
+            )
+        seen: set[Any] = set()
+        sockets = []
+        try:
+            for af, _t, proto, _c, sa in infos:
+                if (af, sa) in seen or af not in (_std.AF_INET, _std.AF_INET6):
+                    continue
+                seen.add((af, sa))
+                s = socket(af, _std.SOCK_STREAM, proto)
+                sockets.append(s)
+                if reuse_address:
+                    s.setsockopt(_std.SOL_SOCKET, _std.SO_REUSEADDR, 1)
+                if reuse_port:
+                    s.setsockopt(_std.SOL_SOCKET, _std.SO_REUSEPORT, 1)
+                if af == _std.AF_INET6:
+                    s.setsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY, 1)
+                s.bind(sa)
+        except BaseException:
+            for s in sockets:
+                s.close()
+            raise
+        if not sockets:
+            raise OSError(f"could not bind on any address out of {hosts!r}")
+    for s in sockets:
+        s.listen(backlog)
+    server = RsockServer(loop, sockets, protocol_factory, backlog)
+    if start_serving:
+        server._start_serving()
+        await asyncio.sleep(0)
+    return server
+
+
+async def create_connection(
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    family: int = 0,
+    proto: int = 0,
+    flags: int = 0,
+    sock: socket | None = None,
+    local_addr: tuple[str, int] | None = None,
+    **kw: Any,
+) -> tuple[RsockTransport, asyncio.BaseProtocol]:
+    """``loop.create_connection`` for rsock, on the running loop."""
+    _check_unsupported(kw)
+    kw.pop("happy_eyeballs_delay", None)
+    kw.pop("interleave", None)
+    kw.pop("all_errors", None)
+    if kw:
+        raise TypeError(f"unexpected keyword arguments: {sorted(kw)}")
+    loop = asyncio.get_running_loop()
+    if sock is None:
+        if host is None and port is None:
+            raise ValueError("host and port was not specified and no sock specified")
+        infos = await loop.getaddrinfo(
+            host, port, family=family, type=_std.SOCK_STREAM, proto=proto, flags=flags
+        )
+        if not infos:
+            raise OSError("getaddrinfo() returned empty list")
+        errors: list[OSError] = []
+        for af, _t, pr, _c, sa in infos:
+            if int(af) not in (_std.AF_INET, _std.AF_INET6):
+                continue
+            s = socket(af, _std.SOCK_STREAM, pr)
+            try:
+                if local_addr is not None:
+                    s.bind(local_addr)
+                # rsock's connect completes from the listen queue without a
+                # round trip to the server, so it does not block the loop
+                s.connect(sa)
+            except OSError as exc:
+                s.close()
+                errors.append(exc)
+                continue
+            except BaseException:
+                s.close()
+                raise
+            sock = s
+            break
+        if sock is None:
+            if len(errors) == 1:
+                raise errors[0]
+            raise OSError(f"Multiple exceptions: {', '.join(str(e) for e in errors)}")
+    protocol = protocol_factory()
+    waiter: asyncio.Future[None] = loop.create_future()
+    transport = RsockTransport(loop, sock, protocol, waiter=waiter)
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        raise
+    return transport, protocol
+
+
+async def start_server(
+    client_connected_cb: Callable[
+        [asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None] | None
+    ],
+    host: str | Iterable[str] | None = None,
+    port: int | None = None,
+    *,
+    limit: int = 2**16,
+    **kw: Any,
+) -> RsockServer:
+    """``asyncio.start_server`` for rsock: asyncio's own StreamReader/Writer."""
+    loop = asyncio.get_running_loop()
+
+    def factory() -> asyncio.StreamReaderProtocol:
+        reader = asyncio.StreamReader(limit=limit, loop=loop)
+        return asyncio.StreamReaderProtocol(reader, client_connected_cb, loop=loop)
+
+    return await create_server(factory, host, port, **kw)
+
+
+async def open_connection(
+    host: str | None = None, port: int | None = None, *, limit: int = 2**16, **kw: Any
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """``asyncio.open_connection`` for rsock: asyncio's own StreamReader/Writer."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await create_connection(lambda: protocol, host, port, **kw)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    return reader, writer
