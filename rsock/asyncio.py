@@ -22,14 +22,16 @@ import collections
 import errno
 import os
 import socket as _std
+import ssl as _ssl
 import warnings
+from asyncio import sslproto
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rsock import _lowlevel as _ll
 from rsock._socket import socket
 
-__all__ = ["create_server", "create_connection", "start_server", "open_connection"]
+__all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
 
 _MAX_READ = 256 * 1024  # bytes per recv for a plain Protocol
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
@@ -436,8 +438,12 @@ class RsockServer(asyncio.AbstractServer):
         sockets: list[socket],
         protocol_factory: Callable[[], asyncio.BaseProtocol],
         backlog: int,
+        sslcontext: _ssl.SSLContext | None = None,
+        tls_args: dict[str, Any] | None = None,
     ) -> None:
         self._loop = loop
+        self._ssl = sslcontext
+        self._tls_args = tls_args or {}
         self._sockets: list[socket] | None = sockets
         self._factory = protocol_factory
         self._backlog = backlog
@@ -487,7 +493,22 @@ class RsockServer(asyncio.AbstractServer):
             except BaseException:
                 conn.close()
                 raise
-            RsockTransport(self._loop, conn, protocol, server=self)
+            if self._ssl is None:
+                RsockTransport(self._loop, conn, protocol, server=self)
+                continue
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            waiter.add_done_callback(self._handshake_done)
+            tls = sslproto.SSLProtocol(
+                self._loop, protocol, self._ssl, waiter, server_side=True, **self._tls_args
+            )
+            RsockTransport(self._loop, conn, tls, server=self)
+
+    def _handshake_done(self, fut: asyncio.Future[None]) -> None:
+        # as the loops do: a failed server-side handshake is logged, not raised
+        if not fut.cancelled() and fut.exception() is not None and self._loop.get_debug():
+            self._loop.call_exception_handler(
+                {"message": "Error on TLS handshake", "exception": fut.exception()}
+            )
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
@@ -554,13 +575,31 @@ class RsockServer(asyncio.AbstractServer):
         await self.wait_closed()
 
 
-def _check_unsupported(kw: dict[str, Any]) -> None:
-    if kw.get("ssl") is not None:
-        raise NotImplementedError(
-            "rsock.asyncio: ssl= is not supported yet (TLS over rsock is issue 4, part 5)"
-        )
-    for k in ("ssl", "server_hostname", "ssl_handshake_timeout", "ssl_shutdown_timeout"):
-        kw.pop(k, None)
+def _ssl_context(ssl: Any, server_side: bool) -> _ssl.SSLContext | None:
+    """The loop methods' rules for ``ssl=``: a context, True (default
+    client context), or None/False (plain)."""
+    if ssl is None or ssl is False:
+        return None
+    if ssl is True:
+        if server_side:
+            raise ValueError("ssl=True is not valid for a server: pass an SSLContext")
+        return _ssl.create_default_context()
+    if not isinstance(ssl, _ssl.SSLContext):
+        raise TypeError(f"ssl argument must be an SSLContext or None, got {ssl!r}")
+    return ssl
+
+
+def _ssl_args(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pops the TLS keyword arguments the loop methods take."""
+    return {
+        "ssl_handshake_timeout": kw.pop("ssl_handshake_timeout", None),
+        "ssl_shutdown_timeout": kw.pop("ssl_shutdown_timeout", None),
+    }
+
+
+def _check_timeouts(ctx: _ssl.SSLContext | None, args: dict[str, Any]) -> None:
+    if ctx is None and any(v is not None for v in args.values()):
+        raise ValueError("ssl_handshake_timeout/ssl_shutdown_timeout are only meaningful with ssl")
 
 
 async def create_server(
@@ -575,10 +614,14 @@ async def create_server(
     reuse_address: bool | None = None,
     reuse_port: bool | None = None,
     start_serving: bool = True,
+    ssl: _ssl.SSLContext | None = None,
     **kw: Any,
 ) -> RsockServer:
-    """``loop.create_server`` for rsock, on the running loop."""
-    _check_unsupported(kw)
+    """``loop.create_server`` for rsock, on the running loop (``ssl=``,
+    ``ssl_handshake_timeout=`` and ``ssl_shutdown_timeout=`` as there)."""
+    ctx = _ssl_context(ssl, server_side=True)
+    tls = _ssl_args(kw)
+    _check_timeouts(ctx, tls)
     if kw:
         raise TypeError(f"unexpected keyword arguments: {sorted(kw)}")
     loop = asyncio.get_running_loop()
@@ -623,7 +666,7 @@ async def create_server(
             raise OSError(f"could not bind on any address out of {hosts!r}")
     for s in sockets:
         s.listen(backlog)
-    server = RsockServer(loop, sockets, protocol_factory, backlog)
+    server = RsockServer(loop, sockets, protocol_factory, backlog, ctx, tls)
     if start_serving:
         server._start_serving()
         await asyncio.sleep(0)
@@ -640,10 +683,23 @@ async def create_connection(
     flags: int = 0,
     sock: socket | None = None,
     local_addr: tuple[str, int] | None = None,
+    ssl: _ssl.SSLContext | bool | None = None,
+    server_hostname: str | None = None,
     **kw: Any,
-) -> tuple[RsockTransport, asyncio.BaseProtocol]:
-    """``loop.create_connection`` for rsock, on the running loop."""
-    _check_unsupported(kw)
+) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+    """``loop.create_connection`` for rsock, on the running loop (``ssl=``,
+    ``server_hostname=``, ``ssl_handshake_timeout=``, ``ssl_shutdown_timeout=``
+    as there: TLS runs in asyncio's own SSLProtocol over the rsock transport,
+    on asyncio and on uvloop alike)."""
+    ctx = _ssl_context(ssl, server_side=False)
+    tls = _ssl_args(kw)
+    _check_timeouts(ctx, tls)
+    if ctx is None and server_hostname is not None:
+        raise ValueError("server_hostname is only meaningful with ssl")
+    if ctx is not None and server_hostname is None:
+        if host is None:
+            raise ValueError("You must set server_hostname when using ssl without a host")
+        server_hostname = host
     kw.pop("happy_eyeballs_delay", None)
     kw.pop("interleave", None)
     kw.pop("all_errors", None)
@@ -684,13 +740,63 @@ async def create_connection(
             raise OSError(f"Multiple exceptions: {', '.join(str(e) for e in errors)}")
     protocol = protocol_factory()
     waiter: asyncio.Future[None] = loop.create_future()
-    transport = RsockTransport(loop, sock, protocol, waiter=waiter)
+    if ctx is None:
+        transport = RsockTransport(loop, sock, protocol, waiter=waiter)
+        app: asyncio.Transport = transport
+    else:
+        tls_proto = sslproto.SSLProtocol(
+            loop, protocol, ctx, waiter, server_side=False,
+            server_hostname=server_hostname, **tls,
+        )
+        transport = RsockTransport(loop, sock, tls_proto)
+        app = tls_proto._app_transport
     try:
         await waiter
     except BaseException:
         transport.close()
         raise
-    return transport, protocol
+    return app, protocol
+
+
+async def start_tls(
+    transport: asyncio.BaseTransport,
+    protocol: asyncio.BaseProtocol,
+    sslcontext: _ssl.SSLContext,
+    *,
+    server_side: bool = False,
+    server_hostname: str | None = None,
+    ssl_handshake_timeout: float | None = None,
+    ssl_shutdown_timeout: float | None = None,
+) -> asyncio.Transport:
+    """``loop.start_tls`` for an rsock transport (uvloop's own refuses
+    foreign transports): upgrades it in place and returns the TLS transport."""
+    if not isinstance(transport, RsockTransport):
+        raise TypeError(f"transport {transport!r} is not an rsock transport")
+    if not isinstance(sslcontext, _ssl.SSLContext):
+        raise TypeError(f"sslcontext must be an ssl.SSLContext, got {sslcontext!r}")
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    tls = sslproto.SSLProtocol(
+        loop, protocol, sslcontext, waiter, server_side, server_hostname,
+        call_connection_made=False,
+        # typeshed says int; asyncio takes any number of seconds
+        ssl_handshake_timeout=ssl_handshake_timeout,  # type: ignore[arg-type]
+        ssl_shutdown_timeout=ssl_shutdown_timeout,
+    )
+    # no data may reach the TLS protocol before its connection_made
+    transport.pause_reading()
+    transport.set_protocol(tls)
+    made = loop.call_soon(tls.connection_made, transport)
+    resumed = loop.call_soon(transport.resume_reading)
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        made.cancel()
+        resumed.cancel()
+        raise
+    app: asyncio.Transport = tls._app_transport
+    return app
 
 
 async def start_server(

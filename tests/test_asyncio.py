@@ -14,6 +14,7 @@ import os
 import random
 import resource
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -474,3 +475,124 @@ def test_serve_forever_and_close(api: SimpleNamespace, run: Any) -> None:
     run(asyncio.wait_for(main(), 20))
 
 
+
+
+# --------------------------------------------------------------------------- TLS
+
+CERTS = os.path.join(os.path.dirname(__file__), "certs")
+
+
+def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(
+        os.path.join(CERTS, "localhost.crt"), os.path.join(CERTS, "localhost.key")
+    )
+    client = ssl.create_default_context(cafile=os.path.join(CERTS, "localhost.crt"))
+    return server, client
+
+
+def test_tls_streams_echo(api: SimpleNamespace, transport: str, run: Any) -> None:
+    server_ctx, client_ctx = tls_contexts()
+
+    async def main() -> None:
+        server = await api.start_server(echo_handler, "127.0.0.1", 0, ssl=server_ctx)
+        async with server:
+            r, w = await api.open_connection(
+                "127.0.0.1", port_of(server), ssl=client_ctx, server_hostname="localhost"
+            )
+            assert w.get_extra_info("sslcontext") is client_ctx
+            assert w.get_extra_info("peercert")["subject"] == ((("commonName", "localhost"),),)
+            provider(transport, w)
+            payload = os.urandom(3 << 20)
+            w.write(payload)
+            got = bytearray()
+            while len(got) < len(payload):
+                chunk = await r.read(1 << 16)
+                assert chunk
+                got += chunk
+            assert bytes(got) == payload
+            w.close()
+            await w.wait_closed()
+
+    run(asyncio.wait_for(main(), 30))
+
+
+def test_tls_verification_fails_for_wrong_name(api: SimpleNamespace, run: Any) -> None:
+    server_ctx, client_ctx = tls_contexts()
+
+    async def main() -> None:
+        server = await api.start_server(echo_handler, "127.0.0.1", 0, ssl=server_ctx)
+        async with server:
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await api.open_connection(
+                    "127.0.0.1", port_of(server), ssl=client_ctx, server_hostname="not-localhost"
+                )
+
+    run(asyncio.wait_for(main(), 30))
+
+
+def test_start_tls_upgrade(api: SimpleNamespace, transport: str, run: Any) -> None:
+    """STARTTLS: plain text first, then both ends upgrade the same transport."""
+    server_ctx, client_ctx = tls_contexts()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        if transport == "rsock":
+            import rsock.asyncio as ra
+
+            start_tls: Any = ra.start_tls
+        else:
+            start_tls = loop.start_tls
+        done: asyncio.Future[bytes] = loop.create_future()
+
+        class Server(asyncio.Protocol):
+            def connection_made(self, tr: Any) -> None:
+                self.tr = tr
+
+            def data_received(self, data: bytes) -> None:
+                if data == b"STARTTLS\n":
+                    self.tr.write(b"OK\n")
+                    asyncio.ensure_future(self.upgrade())
+
+            async def upgrade(self) -> None:
+                inner = Inner()
+                tls_tr = await start_tls(self.tr, inner, server_ctx, server_side=True)
+                inner.attach(tls_tr)
+
+        class Inner(asyncio.Protocol):
+            """Echoes upper-cased; data may come before start_tls returns."""
+
+            def __init__(self) -> None:
+                self.tr: Any = None
+                self.pending = b""
+
+            def attach(self, tr: Any) -> None:
+                self.tr = tr
+                if self.pending:
+                    tr.write(self.pending.upper())
+
+            def data_received(self, data: bytes) -> None:
+                if self.tr is None:
+                    self.pending += data
+                else:
+                    self.tr.write(data.upper())
+
+        server = await api.create_server(Server, "127.0.0.1", 0)
+        async with server:
+            tr, cp = await api.create_connection(Collect, "127.0.0.1", port_of(server))
+            tr.write(b"STARTTLS\n")
+            while bytes(cp.data) != b"OK\n":
+                await asyncio.sleep(0.01)
+
+            class Client(asyncio.Protocol):
+                def data_received(self, data: bytes) -> None:
+                    if not done.done():
+                        done.set_result(data)
+
+            tls_tr = await start_tls(tr, Client(), client_ctx, server_hostname="localhost")
+            tls_tr.write(b"secret")
+            assert await asyncio.wait_for(done, 10) == b"SECRET"
+            assert tls_tr.get_extra_info("cipher") is not None
+            tls_tr.close()
+
+    run(asyncio.wait_for(main(), 30))
