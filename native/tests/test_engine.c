@@ -433,6 +433,74 @@ static void t_violations(void)
 	violation(IMM(OP_CREDIT, 0), &m, sizeof(m), 0, "message limit");
 }
 
+/* A hostile peer: random opcodes, lengths, offsets and ctrl records.  The
+ * victim either goes on working or fails with ECONNRESET; the sanitizers
+ * catch any access outside its rings. */
+static void t_random_hostile_peer(void)
+{
+	uint32_t x = 12345;
+	int round, resets = 0;
+
+	for (round = 0; round < 300; round++) {
+		struct rsk_opts o = opts(1 << 14, 16);
+		uint8_t junk[1024], buf[1 << 15];
+		size_t area = prov_area_len(16, 1 << 14);
+		rsk_sock *a, *b;
+		int k, rc = 0;
+
+		CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+		for (k = 0; k < 12 && rc == 0; k++) {
+			struct eng_ctrl m;
+			uint32_t op, len, imm;
+			uint64_t roff;
+			size_t i;
+
+			for (i = 0; i < sizeof(junk); i++) {
+				x = x * 1103515245 + 12345;
+				junk[i] = (uint8_t)(x >> 16);
+			}
+			x = x * 1103515245 + 12345;
+			op = (x >> 8) % 8;
+			x = x * 1103515245 + 12345;
+			len = (x >> 8) % 3 == 0 ? (x >> 12) % 1024 : (op ? 16 : 64);
+			x = x * 1103515245 + 12345;
+			imm = (x >> 8) % 4 == 0 ? x : IMM(op, op ? 0 : len);
+			roff = op ? (uint64_t)(b->s_msgs % 16) * 16
+				  : prov_ctrl_len(16) + (b->s_tail & ((1 << 14) - 1));
+			if ((x >> 20) % 5 == 0)
+				roff = (x >> 3) % area;
+			if (op && (x >> 24) % 2) {
+				/* a plausible ctrl record with random credits */
+				memcpy(&m, junk, sizeof(m));
+				m.op = op;
+				memcpy(junk, &m, sizeof(m));
+			}
+			if (roff + len > area)
+				len = (uint32_t)(area - roff);
+			rc = raw_post(b, imm, junk, len, roff);
+			if (op == 0 && rc == 0)
+				b->s_tail += len;
+		}
+		for (k = 0; k < 4; k++) {
+			ssize_t r = rsk_recv(a, buf, sizeof(buf), 0, 0);
+
+			if (r == -ECONNRESET) {
+				resets++;
+				CHECK(rsk_detail(a)[0] != 0);
+				break;
+			}
+			CHECK(r >= 0 || r == -EAGAIN);
+			r = rsk_send(a, buf, 100, 0, 0);
+			CHECK(r >= 0 || r == -EAGAIN || r == -ECONNRESET || r == -EPIPE);
+			rsk_poll(a);
+		}
+		rsk_free(a);
+		rsk_free(b);
+	}
+	/* most rounds break the protocol somewhere and get reset */
+	CHECK(resets > 100);
+}
+
 static void t_remote_access_error(void)
 {
 	struct rsk_opts o = opts(1 << 16, 32);
@@ -609,6 +677,7 @@ int main(void)
 	RUN(t_close_wakes_blocked);
 	RUN(t_violations);
 	RUN(t_remote_access_error);
+	RUN(t_random_hostile_peer);
 	RUN(t_watch_fd);
 	RUN(t_watch_write_interest);
 	RUN(t_fork_child_copy);
