@@ -116,6 +116,11 @@ int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o);
 /* Listening: each call adds one rendezvous name (an abstract Unix-domain
  * name, without the leading NUL) to the endpoint; -EADDRINUSE if taken. */
 int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog);
+/* Also listen on fd (not owned; e.g. a kernel TCP listener on the same
+ * port): it joins the pollable fd, and rsk_accept returns -EXDEV when a
+ * connection waits there (and none on the rendezvous), for the caller to
+ * accept it itself. */
+int rsk_listen_fd(rsk_sock *s, int fd);
 /* Accepts one connection; *out is a new connected endpoint (rsk_free it).
  * src/dst receive the addresses the client announced. */
 int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,

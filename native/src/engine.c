@@ -141,6 +141,7 @@ int rsk_socket(rsk_sock **out)
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	s->live_fd = -1;
+	s->xfd = -1;
 	s->interest = RSK_POLLIN;
 	rsk_opts_default(&s->opts);
 	*out = s;
@@ -1058,6 +1059,35 @@ out:
 	return rc;
 }
 
+int rsk_listen_fd(rsk_sock *s, int fd)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+	int rc;
+
+	if (fd < 0)
+		return -EBADF;
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind != K_LISTEN)
+		rc = -EINVAL;
+	else if (s->xfd >= 0)
+		rc = -EBUSY;
+	else if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+		rc = -errno;
+	else
+		s->xfd = fd;
+	eng_leave(s);
+	return rc;
+}
+
+/* Is a connection waiting on the external listening fd? */
+static int eng_xfd_ready(const rsk_sock *s)
+{
+	struct pollfd p = { .fd = s->xfd, .events = POLLIN };
+
+	return s->xfd >= 0 && poll(&p, 1, 0) > 0;
+}
+
 int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 	       struct rsk_addr *src, struct rsk_addr *dst)
 {
@@ -1086,6 +1116,10 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 		}
 		if (rc != -EAGAIN)
 			break;
+		if (eng_xfd_ready(s)) {
+			rc = -EXDEV;
+			goto out;
+		}
 		if (timeout_ms == 0)
 			goto out;
 		if (s->closed) {
@@ -1188,6 +1222,7 @@ static void eng_release(rsk_sock *s)
 	for (i = 0; i < s->nlfd; i++)
 		close(s->lfd[i]);
 	s->nlfd = 0;
+	s->xfd = -1; /* not ours */
 	close(s->epfd);
 	s->epfd = -1;
 }

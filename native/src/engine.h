@@ -91,6 +91,7 @@ struct rsk_sock {
 	/* listener */
 	int lfd[RSK_MAX_NAMES];
 	int nlfd;
+	int xfd; /* rsk_listen_fd: not owned, -1 if none */
 
 	/* connection */
 	const struct prov_ops *ops;

@@ -652,6 +652,38 @@ static void t_garbage_client(void)
 	rsk_free(l);
 }
 
+/* An external listening fd joins the listener: a connection there makes
+ * the listener readable and rsk_accept say -EXDEV. */
+static void t_listen_external_fd(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct pollfd pfd;
+	rsk_sock *l, *a;
+	int xl, c;
+
+	memcpy(sa.sun_path + 1, "rsock-ctest/xfd", 15);
+	xl = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	CHECK_EQ(bind(xl, (struct sockaddr *)&sa,
+		      offsetof(struct sockaddr_un, sun_path) + 16), 0);
+	CHECK_EQ(listen(xl, 4), 0);
+	CHECK_EQ(rsk_socket(&l), 0);
+	CHECK_EQ(rsk_listen_fd(l, xl), -EINVAL); /* not listening yet */
+	CHECK_EQ(rsk_listen(l, "rsock-ctest/xfd-rsk", 19, 4), 0);
+	CHECK_EQ(rsk_listen_fd(l, xl), 0);
+	CHECK_EQ(rsk_listen_fd(l, xl), -EBUSY);
+	CHECK_EQ(rsk_accept(l, 0, &a, NULL, NULL), -EAGAIN);
+	pfd = (struct pollfd){ .fd = rsk_fileno(l), .events = POLLIN };
+	CHECK_EQ(poll(&pfd, 1, 0), 0);
+	c = socket(AF_UNIX, SOCK_STREAM, 0);
+	CHECK_EQ(connect(c, (struct sockaddr *)&sa,
+			 offsetof(struct sockaddr_un, sun_path) + 16), 0);
+	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	CHECK_EQ(rsk_accept(l, 1000, &a, NULL, NULL), -EXDEV);
+	close(c);
+	rsk_free(l);
+	close(xl);
+}
+
 static void t_refused(void)
 {
 	struct rsk_addr x = { .family = AF_INET };
@@ -669,6 +701,7 @@ int main(void)
 	RUN(t_refused);
 	RUN(t_connect_before_accept);
 	RUN(t_garbage_client);
+	RUN(t_listen_external_fd);
 	RUN(t_credit_exhaustion);
 	RUN(t_space_threshold);
 	RUN(t_threshold_sizes);
