@@ -31,11 +31,27 @@ from typing import Any
 from rsock import _lowlevel as _ll
 from rsock._socket import socket
 
+_raw_send = _ll.raw_send
+_raw_recv = _ll.raw_recv
+_raw_from_buffer = _ll.raw_from_buffer
+
 __all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
 
 _MAX_READ = 256 * 1024  # bytes per recv for a plain Protocol
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
+
+
+def _recv_into(ptr: Any, buf: Any) -> tuple[int, int]:
+    """(result of rsk_recv, buffer size) for a protocol's buffer.  The cffi
+    view of buf dies with this frame: it must not outlive the call (a view
+    kept alive in a traceback crashed CPython's GC with SSLProtocol)."""
+    cbuf = _raw_from_buffer(buf, require_writable=True)
+    size = len(cbuf)
+    if not size:
+        raise RuntimeError("get_buffer() returned an empty buffer")
+    rc: int = _raw_recv(ptr, cbuf, size, 0, 0)
+    return rc, size
 
 
 def _loop_spin(sock: socket) -> None:
@@ -150,26 +166,23 @@ class RsockTransport(asyncio.Transport):
             self._update_interest()
 
     def _read_ready(self) -> None:
-        sock = self._sock
+        # Raw engine calls (-errno, no exceptions on EAGAIN).  A short read
+        # means the ring is empty: stop there, the engine keeps the fd
+        # readable if more arrives (level-triggered), so nothing is missed.
+        ptr = self._h.ptr
         for _ in range(_READS_PER_WAKEUP):
             if not self._reading or self._conn_lost:
                 return
-            try:
-                if self._buffered:
-                    proto: Any = self._protocol
-                    try:
-                        buf = proto.get_buffer(-1)
-                        if not len(buf):
-                            raise RuntimeError("get_buffer() returned an empty buffer")
-                    except (SystemExit, KeyboardInterrupt):
-                        raise
-                    except BaseException as exc:
-                        self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
-                        return
-                    n = sock.recv_into(buf)
-                    if not n:
-                        self._read_eof()
-                        return
+            if self._buffered:
+                proto: Any = self._protocol
+                try:
+                    n, size = _recv_into(ptr, proto.get_buffer(-1))
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self._fatal_error(exc, "Fatal error: protocol.get_buffer() call failed.")
+                    return
+                if n > 0:
                     try:
                         proto.buffer_updated(n)
                     except (SystemExit, KeyboardInterrupt):
@@ -179,13 +192,17 @@ class RsockTransport(asyncio.Transport):
                             exc, "Fatal error: protocol.buffer_updated() call failed."
                         )
                         return
-                else:
-                    data = sock.recv(_MAX_READ)
-                    if not data:
+                    if n < size:
+                        return
+                    continue
+            else:
+                r = _ll.recv_bytes(self._h, _MAX_READ, 0, 0)
+                if isinstance(r, bytes):
+                    if not r:
                         self._read_eof()
                         return
                     try:
-                        self._protocol.data_received(data)  # type: ignore[attr-defined]
+                        self._protocol.data_received(r)  # type: ignore[attr-defined]
                     except (SystemExit, KeyboardInterrupt):
                         raise
                     except BaseException as exc:
@@ -193,10 +210,19 @@ class RsockTransport(asyncio.Transport):
                             exc, "Fatal error: protocol.data_received() call failed."
                         )
                         return
-            except (BlockingIOError, InterruptedError):
+                    if len(r) < _MAX_READ:
+                        return
+                    continue
+                n = r
+            if n == 0:
+                self._read_eof()
                 return
-            except OSError as exc:
-                self._fatal_error(exc, "Fatal read error on rsock transport")
+            if n == -errno.EAGAIN:
+                return
+            if n != -errno.EINTR:
+                self._fatal_error(
+                    self._sock._raise(n), "Fatal read error on rsock transport"
+                )
                 return
 
     def _read_eof(self) -> None:
@@ -231,12 +257,8 @@ class RsockTransport(asyncio.Transport):
             return
         if not self._buffer:
             # fast path: write at once, buffer only the rest
-            try:
-                n = self._sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError as exc:
-                self._fatal_error(exc, "Fatal write error on rsock transport")
+            n = self._send(data)
+            if n < 0:
                 return
             if n == len(data):
                 return
@@ -251,17 +273,27 @@ class RsockTransport(asyncio.Transport):
     def writelines(self, list_of_data: Iterable[Any]) -> None:
         self.write(b"".join(list_of_data))
 
+    def _send(self, data: Any) -> int:
+        """Non-blocking send: bytes taken (0 if none fit), or -1 after a
+        fatal error was handled."""
+        while True:
+            rc: int = _raw_send(self._h.ptr, _raw_from_buffer(data), len(data), 0, 0)
+            if rc >= 0:
+                return rc
+            if rc == -errno.EAGAIN:
+                return 0
+            if rc != -errno.EINTR:
+                self._fatal_error(self._sock._raise(rc), "Fatal write error on rsock transport")
+                return -1
+
     def _flush(self) -> None:
-        sock = self._sock
         while self._buffer:
             chunk = self._buffer[0]
-            try:
-                n = sock.send(chunk)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                self._fatal_error(exc, "Fatal write error on rsock transport")
+            n = self._send(chunk)
+            if n < 0:
                 return
+            if n == 0:
+                break
             self._buffer_size -= n
             if n == len(chunk):
                 self._buffer.popleft()

@@ -469,6 +469,14 @@ static int eng_poll_live(rsk_sock *s)
 	return (s->flags & F_PEER_GONE) != 0;
 }
 
+/* Watch mode: no notification can be pending on our notify fd (we are
+ * armed and have not kicked it), so if the fd looked readable, the
+ * liveness channel did it. */
+static int eng_quiet(rsk_sock *s)
+{
+	return s->kind == K_CONN && !s->kicked && s->ops->armed(s->qp);
+}
+
 /* ----------------------------------------------------------- readiness */
 
 static int eng_readable(const rsk_sock *s)
@@ -553,8 +561,12 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 		if (ready(s))
 			return 0;
 		if (nb || (deadline >= 0 && eng_now_ns() >= deadline)) {
-			/* before giving up: did the peer vanish meanwhile? */
-			if (eng_poll_live(s) && ready(s))
+			/* before giving up: did the peer vanish meanwhile?  In
+			 * watch mode only when our notify fd cannot be what
+			 * made the fd readable (then it was the liveness
+			 * channel): no syscall on the common EAGAIN */
+			if ((!s->watch || eng_quiet(s)) && eng_poll_live(s) &&
+			    ready(s))
 				return 0;
 			return nb ? -EAGAIN : -ETIMEDOUT;
 		}

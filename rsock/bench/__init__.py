@@ -15,6 +15,17 @@ Tests:
 * pingpong: the client sends ``--ping-size`` bytes, the server echoes them; each round
   trip is timed on its own: percentiles of the round-trip time (RTT, not RTT/2).
 
+APIs (``--api``):
+
+* sync: blocking sockets, as above.
+* asyncio: both processes run an event loop (``--loop``: uvloop, the default when it
+  is importable, or asyncio's own) with Protocols, not streams.  tcp/unix use the
+  loop's ``create_server``/``create_connection`` (``create_unix_*``), rsock uses
+  ``rsock.asyncio``'s.  Same wire protocol, warm-up, verification, ack and CPU
+  accounting; the client ``write``s each message and waits while the transport has
+  paused writing, the server is a BufferedProtocol that receives each header and
+  message straight into a preallocated buffer and checks it as the sync server does.
+
 This module never imports ``rsock`` itself (and ``rsock/__init__.py`` must not import
 it), so ``--transport tcp,unix`` works without the native engine.
 """
@@ -23,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -41,6 +54,8 @@ from typing import Any
 WORKER = Path(__file__).resolve().with_name("_worker.py")
 TRANSPORTS = ("rsock", "tcp", "unix")
 TESTS = ("stream", "pingpong")
+APIS = ("sync", "asyncio")
+LOOPS = ("asyncio", "uvloop")
 BASELINE = "tcp"
 EXIT_FAILED = 1
 EXIT_VERIFY = 3
@@ -105,6 +120,8 @@ def fmt_size(n: int) -> str:
 @dataclass
 class Options:
     transports: list[str]
+    apis: list[str]
+    loop: str  # event loop of the asyncio api
     tests: list[str]
     sizes: list[int]
     ping_size: int
@@ -134,6 +151,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=["rsock", "tcp"],
         metavar="LIST",
         help="comma list of rsock,tcp,unix (default rsock,tcp)",
+    )
+    ap.add_argument(
+        "--api",
+        type=parse_list(APIS),
+        default=list(APIS),
+        metavar="LIST",
+        help="comma list of sync,asyncio (default both): blocking sockets, and/or an "
+        "event loop with Protocols on both sides",
+    )
+    ap.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default=None,
+        help="event loop of the asyncio api (default uvloop if importable, else asyncio)",
     )
     ap.add_argument(
         "--tests",
@@ -229,8 +260,13 @@ def parse_options(argv: list[str]) -> Options:
     def pick(value: Any, normal: Any, quick: Any) -> Any:
         return value if value is not None else (quick if q else normal)
 
+    have_uvloop = importlib.util.find_spec("uvloop") is not None
+    if a.loop == "uvloop" and not have_uvloop:
+        ap.error("--loop uvloop: uvloop is not importable (pip install uvloop)")
     opts = Options(
         transports=a.transport,
+        apis=a.api,
+        loop=a.loop or ("uvloop" if have_uvloop else "asyncio"),
         tests=a.tests,
         sizes=a.sizes,
         ping_size=a.ping_size,
@@ -297,6 +333,13 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def uvloop_version() -> str | None:
+    try:
+        return importlib.metadata.version("uvloop")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def environment(opts: Options) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -309,6 +352,9 @@ def environment(opts: Options) -> dict[str, Any]:
         "machine": platform.machine(),
         "pin": opts.pin,
         "pin_cpus": {"server": opts.cpus[0], "client": opts.cpus[1]},
+        "apis": opts.apis,
+        "asyncio_loop": opts.loop,
+        "uvloop_version": uvloop_version(),
         "git_commit": git_commit(),
         "rsock_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RSOCK_")},
     }
@@ -317,11 +363,17 @@ def environment(opts: Options) -> dict[str, Any]:
 # --------------------------------------------------------------------------- running
 
 
+def api_tag(api: str, loop: str) -> str:
+    return f"{api}/{loop}" if api == "asyncio" else api
+
+
 @dataclass
 class Case:
     transport: str
     test: str
     size: int
+    api: str = "sync"
+    loop: str = ""  # the asyncio api's event loop
     status: str = "ok"  # ok | verify | timeout | error
     error: str = ""
     seconds: float = 0.0
@@ -333,11 +385,17 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.transport} {self.test} {fmt_size(self.size)}"
+        return f"{self.transport} {self.test} {fmt_size(self.size)} [{self.tag}]"
+
+    @property
+    def tag(self) -> str:
+        return api_tag(self.api, self.loop)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "transport": self.transport,
+            "api": self.api,
+            "loop": self.loop if self.api == "asyncio" else None,
             "test": self.test,
             "size": self.size,
             "status": self.status,
@@ -359,6 +417,10 @@ def worker_args(opts: Options, case: Case) -> list[str]:
         case.test,
         "--size",
         str(case.size),
+        "--api",
+        case.api,
+        "--loop",
+        case.loop or "asyncio",
         "--timeout",
         str(opts.timeout),
     ]
@@ -602,16 +664,23 @@ class Row:
         return text
 
 
-def rows_for(test: str, size: int) -> list[Row]:
+def rows_for(test: str, size: int, tag: str) -> list[Row]:
     us = micro()
     if test == "stream":
         return [
-            Row(f"stream {fmt_size(size)}  GB/s", "gbps_median", True, 3, first=True, spread=True),
+            Row(
+                f"stream {fmt_size(size)} [{tag}]  GB/s",
+                "gbps_median",
+                True,
+                3,
+                first=True,
+                spread=True,
+            ),
             Row("  cpu client s/GB", "client_cpu_s_per_gb", False, 3),
             Row("  cpu server s/GB", "server_cpu_s_per_gb", False, 3),
         ]
     return [
-        Row(f"pingpong {fmt_size(size)}  RTT p50 {us}", "rtt_us_p50", False, 1, first=True),
+        Row(f"pingpong {fmt_size(size)} [{tag}]  RTT p50 {us}", "rtt_us_p50", False, 1, first=True),
         Row(f"  RTT p90 {us}", "rtt_us_p90", False, 1),
         Row(f"  RTT p99 {us}", "rtt_us_p99", False, 1),
         Row(f"  RTT p99.9 {us}", "rtt_us_p99_9", False, 1),
@@ -652,6 +721,11 @@ def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
             if side.get("provider") is not None
         }
     )
+    if "asyncio" in opts.apis:
+        loop = opts.loop
+        if loop == "uvloop":
+            loop += f" {env.get('uvloop_version') or '?'}"
+        parts.append(f"asyncio loop={loop}")
     if "rsock" in opts.transports:
         parts.append(f"rsock provider={','.join(providers) or 'n/a'}")
         versions = {c.client.get("rsock_version") for c in cases if c.transport == "rsock"}
@@ -664,26 +738,27 @@ def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
 
 
 def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
-    by_key = {(c.transport, c.test, c.size): c for c in cases}
+    by_key = {(c.transport, c.api, c.test, c.size): c for c in cases}
     cmp = comparison(opts.transports)
     header = ["test", *opts.transports]
     if cmp:
         header.append(f"{cmp[0]} vs {cmp[1]}")
     table: list[list[str]] = []
-    for test, size in plan_tests(opts):
-        for row in rows_for(test, size):
-            line = [row.label]
-            for t in opts.transports:
-                c = by_key[(t, test, size)]
-                if c.status == "ok":
-                    line.append(row.cell(c.summary))
-                else:
-                    line.append(f"FAILED ({c.status})" if row.first else "-")
-            if cmp:
-                a, b = by_key[(cmp[0], test, size)], by_key[(cmp[1], test, size)]
-                ok = a.status == "ok" and b.status == "ok"
-                line.append(ratio_text(row, a.summary, b.summary) if ok else "-")
-            table.append(line)
+    for api in opts.apis:
+        for test, size in plan_tests(opts):
+            for row in rows_for(test, size, api_tag(api, opts.loop)):
+                line = [row.label]
+                for t in opts.transports:
+                    c = by_key[(t, api, test, size)]
+                    if c.status == "ok":
+                        line.append(row.cell(c.summary))
+                    else:
+                        line.append(f"FAILED ({c.status})" if row.first else "-")
+                if cmp:
+                    a, b = by_key[(cmp[0], api, test, size)], by_key[(cmp[1], api, test, size)]
+                    ok = a.status == "ok" and b.status == "ok"
+                    line.append(ratio_text(row, a.summary, b.summary) if ok else "-")
+                table.append(line)
     widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
 
     def fmt_line(cells: list[str]) -> str:
@@ -712,10 +787,18 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
             f"the server, {opts.rounds} samples after {opts.warmup_rounds} warm-up."
         )
     out.append("cpu = user+sys of that process (median over reps) per 10^9 bytes or per RT.")
+    if "asyncio" in opts.apis:
+        out.append(
+            f"[asyncio/{opts.loop}]: both sides on a {opts.loop} event loop with Protocols "
+            "(default write-buffer limits; the client waits while writing is paused, the "
+            "server is a BufferedProtocol); tcp/unix: the loop's own create_server/"
+            "create_connection, rsock: rsock.asyncio."
+        )
     if cmp:
         out.append(
             f"'{cmp[0]} vs {cmp[1]}': how many times better {cmp[0]} is than {cmp[1]} on that "
-            "row (throughput: higher is better; RTT and cpu: lower is better)."
+            "row, same api and size (throughput: higher is better; RTT and cpu: lower is "
+            "better)."
         )
     failed = [c for c in cases if c.status != "ok"]
     if failed:
@@ -745,7 +828,12 @@ def progress(case: Case) -> str:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_options(sys.argv[1:] if argv is None else argv)
     env = environment(opts)
-    plan = [(t, test, size) for test, size in plan_tests(opts) for t in opts.transports]
+    plan = [
+        (t, api, test, size)
+        for api in opts.apis
+        for test, size in plan_tests(opts)
+        for t in opts.transports
+    ]
     print(
         f"rsock.bench: {len(plan)} cases, {pin_text(opts)}{', quick' if opts.quick else ''}",
         file=sys.stderr,
@@ -753,8 +841,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     cases: list[Case] = []
     t0 = time.monotonic()
-    for i, (transport, test, size) in enumerate(plan, 1):
-        case = Case(transport, test, size)
+    for i, (transport, api, test, size) in enumerate(plan, 1):
+        case = Case(transport, test, size, api, opts.loop if api == "asyncio" else "")
         print(f"[{i}/{len(plan)}] {case.name} ...", end=" ", file=sys.stderr, flush=True)
         run_case(opts, case)
         print(f"{progress(case)} ({case.seconds:.1f} s)", file=sys.stderr, flush=True)

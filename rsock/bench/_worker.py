@@ -5,7 +5,13 @@ interpreter, so a tcp/unix case never imports the `rsock` package; only the rsoc
 transport imports it, lazily.  Standard library only.
 
     _worker.py serve  --transport T --test stream|pingpong --size S [--addr PATH] [--cpu N]
+                      [--api sync|asyncio] [--loop asyncio|uvloop]
     _worker.py client --transport T --test ... --addr ADDR [test parameters]
+
+``--api sync`` uses blocking sockets; ``--api asyncio`` runs an event loop on both
+sides with Protocols (no streams): tcp/unix over the loop's own ``create_server`` /
+``create_connection`` (``create_unix_*``), rsock over ``rsock.asyncio``'s.  The wire
+protocol, verification and accounting are the same in both.
 
 The server prints ``READY <addr>`` once it listens; both sides print one final line
 ``RESULT <json>`` on stdout.  Exit status: 0 ok, 3 data verification failed, 1 error.
@@ -27,6 +33,7 @@ or misplaced data cannot pass for fresh data.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import faulthandler
 import importlib
 import json
@@ -40,7 +47,8 @@ import time
 import traceback
 import zlib
 from array import array
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
@@ -122,6 +130,12 @@ def socket_module(transport: str) -> Any:
     return socket
 
 
+def rsock_asyncio() -> Any:
+    """``rsock.asyncio`` (imports rsock)."""
+    socket_module("rsock")
+    return importlib.import_module("rsock.asyncio")
+
+
 def new_socket(transport: str) -> Any:
     if transport == "unix":
         return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -131,6 +145,36 @@ def new_socket(transport: str) -> Any:
 def tune(sock: Any, transport: str) -> None:
     if transport == "tcp":
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def tune_transport(transport: asyncio.BaseTransport, kind: str) -> None:
+    """TCP_NODELAY like the sync mode (asyncio and uvloop set it already)."""
+    sock = transport.get_extra_info("socket")
+    if kind == "tcp" and sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def api_info(args: argparse.Namespace) -> dict[str, Any]:
+    info: dict[str, Any] = {"api": args.api}
+    if args.api == "asyncio":
+        loop = asyncio.get_running_loop()
+        info["loop"] = args.loop
+        info["loop_class"] = f"{type(loop).__module__}.{type(loop).__qualname__}"
+        if args.loop == "uvloop":
+            info["uvloop_version"] = getattr(sys.modules.get("uvloop"), "__version__", None)
+    return info
+
+
+def run_async(
+    args: argparse.Namespace,
+    main: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
+) -> dict[str, Any]:
+    """Run ``main(args)`` on a fresh event loop of the kind ``--loop`` names."""
+    factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    if args.loop == "uvloop":
+        factory = importlib.import_module("uvloop").new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main(args))
 
 
 def transport_info(transport: str, conn: Any) -> dict[str, Any]:
@@ -152,7 +196,72 @@ def transport_info(transport: str, conn: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- server
 
 
+class StreamChecker:
+    """Server side of the stream test: verifies each received message, times the phase.
+
+    Shared by the sync and the asyncio server: ``begin`` after a phase header,
+    ``check`` on every complete message, ``ack`` + ``end`` after the last one.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.wins = windows(pattern(size), size)
+        self.stride = min(STRIDE, size)
+        self.small = size <= 4 * 16
+        self.seq = 0
+        self.count = 0
+        self.full = False
+        self.nbad = 0
+        self.first_bad_seq = self.first_bad_off = -1
+        self.c0 = 0.0
+        self.t0 = 0
+
+    def begin(self, flags: int, count: int) -> None:
+        self.count = count
+        self.full = bool(flags & FLAG_FULL_VERIFY) or self.small
+        self.nbad = 0
+        self.first_bad_seq = self.first_bad_off = -1
+        self.c0 = cpu_seconds()
+        self.t0 = time.perf_counter_ns()
+
+    def check(self, rbuf: bytearray, rv: memoryview) -> None:
+        """One complete message (``rv`` is a view of all of ``rbuf``)."""
+        seq = self.seq
+        exp = self.wins[seq % NWIN]
+        if self.full:
+            ok = rbuf == exp
+        else:
+            stride = self.stride
+            ph = seq % stride
+            ok = rv[:16] == exp[:16] and rv[-16:] == exp[-16:] and rv[ph::stride] == exp[ph::stride]
+        if not ok:
+            if not self.nbad:
+                self.first_bad_seq, self.first_bad_off = seq, first_difference(rv, exp)
+            self.nbad += 1
+        self.seq = seq + 1
+
+    def ack(self, rbuf: bytearray) -> bytes:
+        return ACK.pack(self.nbad, zlib.crc32(rbuf))
+
+    def end(self) -> dict[str, Any]:
+        t1 = time.perf_counter_ns()
+        c1 = cpu_seconds()
+        phase: dict[str, Any] = {
+            "count": self.count,
+            "full_verify": self.full,
+            "ns": t1 - self.t0,
+            "cpu_s": c1 - self.c0,
+            "nbad": self.nbad,
+        }
+        if self.nbad:
+            phase["first_bad_seq"] = self.first_bad_seq
+            phase["first_bad_offset"] = self.first_bad_off
+        return phase
+
+
 def serve(args: argparse.Namespace) -> dict[str, Any]:
+    if args.api == "asyncio":
+        return run_async(args, aserve)
     listener = new_socket(args.transport)
     if args.transport == "unix":
         listener.bind(args.addr)
@@ -178,6 +287,10 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         raise
     finally:
         conn.close()
+    return server_result(phases, info)
+
+
+def server_result(phases: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"ok": True, "phases": phases, **info}
     if any(p.get("nbad") for p in phases):
         result.update(ok=False, verify_error=server_verify_error(phases))
@@ -202,55 +315,22 @@ def read_header(conn: StreamSocket, hbuf: memoryview) -> tuple[int, int]:
 
 
 def serve_stream(conn: StreamSocket, size: int, phases: list[dict[str, Any]]) -> None:
-    pat = pattern(size)
-    wins = windows(pat, size)
+    chk = StreamChecker(size)
+    check = chk.check
     rbuf = bytearray(size)
     rv = memoryview(rbuf)
     hbuf = memoryview(bytearray(HDR.size))
-    stride = min(STRIDE, size)
-    small = size <= 4 * 16
-    seq = 0
     while True:
         flags, count = read_header(conn, hbuf)
         if count == 0:
             conn.sendall(ACK.pack(0, 0))
             return
-        full = bool(flags & FLAG_FULL_VERIFY) or small
-        nbad = 0
-        first_bad_seq = first_bad_off = -1
-        c0 = cpu_seconds()
-        t0 = time.perf_counter_ns()
+        chk.begin(flags, count)
         for _ in range(count):
             recv_exact(conn, rv, size)
-            exp = wins[seq % NWIN]
-            if full:
-                ok = rbuf == exp
-            else:
-                ph = seq % stride
-                ok = (
-                    rv[:16] == exp[:16]
-                    and rv[-16:] == exp[-16:]
-                    and rv[ph::stride] == exp[ph::stride]
-                )
-            if not ok:
-                if not nbad:
-                    first_bad_seq, first_bad_off = seq, first_difference(rv, exp)
-                nbad += 1
-            seq += 1
-        conn.sendall(ACK.pack(nbad, zlib.crc32(rbuf)))
-        t1 = time.perf_counter_ns()
-        c1 = cpu_seconds()
-        phase: dict[str, Any] = {
-            "count": count,
-            "full_verify": full,
-            "ns": t1 - t0,
-            "cpu_s": c1 - c0,
-            "nbad": nbad,
-        }
-        if nbad:
-            phase["first_bad_seq"] = first_bad_seq
-            phase["first_bad_offset"] = first_bad_off
-        phases.append(phase)
+            check(rbuf, rv)
+        conn.sendall(chk.ack(rbuf))
+        phases.append(chk.end())
 
 
 def serve_pingpong(conn: StreamSocket, size: int, phases: list[dict[str, Any]]) -> None:
@@ -268,6 +348,152 @@ def serve_pingpong(conn: StreamSocket, size: int, phases: list[dict[str, Any]]) 
             conn.sendall(rv)
         t1 = time.perf_counter_ns()
         phases.append({"count": count, "ns": t1 - t0, "cpu_s": cpu_seconds() - c0})
+
+
+# --------------------------------------------------------------------------- asyncio server
+
+
+class AsyncServer(asyncio.BufferedProtocol):
+    """The server of either test as a BufferedProtocol, driven from ``buffer_updated``.
+
+    Receives straight into the header buffer or the message buffer (exactly one unit
+    at a time, like the sync ``recv_exact``) and handles each completed unit: stream
+    messages go through the same :class:`StreamChecker`, pingpong messages are echoed.
+    """
+
+    def __init__(self, args: argparse.Namespace, phases: list[dict[str, Any]]) -> None:
+        self.kind: str = args.transport
+        self.stream = args.test == "stream"
+        self.size: int = args.size
+        self.phases = phases
+        self.done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.hview = memoryview(bytearray(HDR.size))
+        self.rbuf = bytearray(self.size)
+        self.rv = memoryview(self.rbuf)
+        self.target = self.hview  # what the next bytes complete
+        self.got = 0
+        self.left = 0  # messages left in this phase; 0: a header comes next
+        self.chk = StreamChecker(self.size)
+        self.count = 0
+        self.c0 = 0.0
+        self.t0 = 0
+        self.info: dict[str, Any] = {}
+        self.finished = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.transport is not None:  # one connection per session
+            cast(asyncio.Transport, transport).abort()
+            return
+        self.transport = cast(asyncio.Transport, transport)
+        tune_transport(transport, self.kind)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.target[self.got :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.got += nbytes
+        if self.got < len(self.target):
+            return
+        self.got = 0
+        try:
+            self.completed()
+        except Exception as exc:  # noqa: BLE001 - ends the session, reported by serve()
+            if not self.done.done():
+                self.done.set_exception(exc)
+            assert self.transport is not None
+            self.transport.abort()
+
+    def completed(self) -> None:
+        tr = self.transport
+        assert tr is not None
+        if self.left == 0:
+            magic, flags, count = HDR.unpack(self.hview)
+            if magic != MAGIC:
+                raise VerifyError(
+                    f"stream out of sync: expected a phase header, got {bytes(self.hview)!r}"
+                )
+            if count == 0:
+                self.info = transport_info(self.kind, tr.get_extra_info("socket"))
+                tr.write(ACK.pack(0, 0))
+                self.finished = True
+                tr.close()
+                return
+            self.left = count
+            self.target = self.rv
+            if self.stream:
+                self.chk.begin(flags, count)
+            else:
+                self.count = count
+                self.c0 = cpu_seconds()
+                self.t0 = time.perf_counter_ns()
+            return
+        if self.stream:
+            self.chk.check(self.rbuf, self.rv)
+        else:
+            tr.write(bytes(self.rv))
+        self.left -= 1
+        if self.left == 0:
+            self.target = self.hview
+            if self.stream:
+                tr.write(self.chk.ack(self.rbuf))
+                self.phases.append(self.chk.end())
+            else:
+                t1 = time.perf_counter_ns()
+                self.phases.append(
+                    {"count": self.count, "ns": t1 - self.t0, "cpu_s": cpu_seconds() - self.c0}
+                )
+
+    def eof_received(self) -> bool | None:
+        return None  # close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done.done():
+            return
+        if self.finished:
+            self.done.set_result(self.info)
+        else:
+            where = f"{len(self.phases)} phase(s) done, {self.left} message(s) left in this one"
+            self.done.set_exception(exc or ConnectionError(f"peer closed the connection: {where}"))
+
+
+async def aserve(args: argparse.Namespace) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    phases: list[dict[str, Any]] = []
+    protos: list[AsyncServer] = []
+    connected: asyncio.Future[None] = loop.create_future()
+
+    def factory() -> AsyncServer:
+        protos.append(AsyncServer(args, phases))
+        if not connected.done():
+            connected.set_result(None)
+        return protos[-1]
+
+    server: Any
+    if args.transport == "rsock":
+        server = await rsock_asyncio().create_server(factory, "127.0.0.1", 0, backlog=1)
+        addr = str(server.sockets[0].getsockname()[1])
+    elif args.transport == "unix":
+        server = await loop.create_unix_server(factory, args.addr, backlog=1)
+        addr = args.addr
+    else:
+        server = await loop.create_server(factory, "127.0.0.1", 0, backlog=1)
+        addr = str(server.sockets[0].getsockname()[1])
+    print(f"READY {addr}", flush=True)
+    try:
+        await connected
+        server.close()  # like the sync server: one connection, then no listener
+        info = await protos[0].done
+    except Exception:
+        if any(p.get("nbad") for p in phases):  # report the corruption, not its aftermath
+            raise VerifyError(server_verify_error(phases)) from None
+        raise
+    finally:
+        server.close()
+        for p in protos:
+            if p.transport is not None:
+                p.transport.abort()
+    return server_result(phases, {**info, **api_info(args)})
 
 
 # --------------------------------------------------------------------------- client
@@ -290,8 +516,9 @@ def end_session(conn: StreamSocket) -> None:
 
 
 class StreamClient:
-    def __init__(self, conn: StreamSocket, size: int, fault: str) -> None:
-        self.conn = conn
+    """Client side of the stream test; ``phase`` is the sync one, ``aphase`` asyncio's."""
+
+    def __init__(self, size: int, fault: str) -> None:
         self.size = size
         self.fault = fault
         self.pat = pattern(size)
@@ -300,11 +527,15 @@ class StreamClient:
         self.abuf = memoryview(bytearray(ACK.size))
         self.seq = 0
 
-    def phase(self, count: int, full: bool, kind: str) -> dict[str, Any]:
-        conn, wins, seq0 = self.conn, self.wins, self.seq
-        bad_at = -1
+    def bad_index(self, count: int, kind: str) -> int:
+        """Which message of the phase --fault corrupts (-1: none)."""
         if self.fault == "flip" or (self.fault == "stale" and kind == "rep"):
-            bad_at = count // 2
+            return count // 2
+        return -1
+
+    def phase(self, conn: StreamSocket, count: int, full: bool, kind: str) -> dict[str, Any]:
+        wins, seq0 = self.wins, self.seq
+        bad_at = self.bad_index(count, kind)
         c0 = cpu_seconds()
         t0 = time.perf_counter_ns()
         conn.sendall(HDR.pack(MAGIC, FLAG_FULL_VERIFY if full else 0, count))
@@ -320,15 +551,44 @@ class StreamClient:
         recv_exact(conn, self.abuf, ACK.size)
         t1 = time.perf_counter_ns()
         c1 = cpu_seconds()
-        self.seq = seq0 + count
-        nbad, crc = ACK.unpack(self.abuf)
+        return self.finish(kind, count, t1 - t0, c1 - c0, self.abuf)
+
+    async def aphase(self, proto: AsyncClient, count: int, full: bool, kind: str) -> dict[str, Any]:
+        """``phase`` over an asyncio transport: writes with flow control."""
+        tr = proto.transport
+        assert tr is not None
+        write = tr.write
+        wins, seq0 = self.wins, self.seq
+        bad_at = self.bad_index(count, kind)
+        c0 = cpu_seconds()
+        t0 = time.perf_counter_ns()
+        write(HDR.pack(MAGIC, FLAG_FULL_VERIFY if full else 0, count))
+        for i in range(count):
+            w = wins[(seq0 + i) % NWIN]
+            if i == bad_at:
+                w = self.faulty(w, seq0 + i)
+            write(w)
+            if proto.resume is not None:  # paused: wait for resume_writing()
+                await proto.resume
+                proto.check_lost()
+        ack = await proto.read_exact(ACK.size)
+        t1 = time.perf_counter_ns()
+        c1 = cpu_seconds()
+        return self.finish(kind, count, t1 - t0, c1 - c0, ack)
+
+    def finish(
+        self, kind: str, count: int, ns: int, cpu_s: float, ack: memoryview
+    ) -> dict[str, Any]:
+        """Account a phase and check the server's ack."""
+        self.seq += count
+        nbad, crc = ACK.unpack(ack)
         expected_crc = self.crcs[(self.seq - 1) % NWIN]
         result = {
             "kind": kind,
             "count": count,
             "bytes": count * self.size,
-            "ns": t1 - t0,
-            "cpu_s": c1 - c0,
+            "ns": ns,
+            "cpu_s": cpu_s,
             "ack_nbad": nbad,
             "ack_crc_ok": crc == expected_crc,
         }
@@ -349,19 +609,35 @@ class StreamClient:
         return memoryview(data)
 
 
-def client_stream(conn: StreamSocket, args: argparse.Namespace) -> dict[str, Any]:
+def next_stream_phase(
+    args: argparse.Namespace, phases: list[dict[str, Any]]
+) -> tuple[str, int, bool] | None:
+    """(kind, message count, full verify) of the next stream phase, None when done.
+
+    One fully verified warm-up of ``--warmup-bytes``, one calibration phase of about
+    min(0.2, rep_time / 2) s, then ``--reps`` phases of one count sized from it.
+    """
     size: int = args.size
-    cl = StreamClient(conn, size, args.fault)
-    phases: list[dict[str, Any]] = []
-    warm = max(4, -(-args.warmup_bytes // size))
-    phases.append(cl.phase(warm, True, "warmup"))
+    full = args.verify == "full"
+    n = len(phases)
+    if n == 0:
+        return "warmup", max(4, -(-int(args.warmup_bytes) // size)), True
+    if n >= 2 + args.reps:
+        return None
+    if n > 2:
+        return "rep", int(phases[-1]["count"]), full
     rate = phases[-1]["bytes"] / max(phases[-1]["ns"], 1) * 1e9  # bytes/s
-    cal = max(4, int(rate * min(0.2, args.rep_time / 2) / size))
-    phases.append(cl.phase(cal, args.verify == "full", "calibrate"))
-    rate = phases[-1]["bytes"] / max(phases[-1]["ns"], 1) * 1e9
-    count = min(max(4, round(rate * args.rep_time / size)), 10**8)
-    for _ in range(args.reps):
-        phases.append(cl.phase(count, args.verify == "full", "rep"))
+    if n == 1:
+        return "calibrate", max(4, int(rate * min(0.2, args.rep_time / 2) / size)), full
+    return "rep", min(max(4, round(rate * args.rep_time / size)), 10**8), full
+
+
+def client_stream(conn: StreamSocket, args: argparse.Namespace) -> dict[str, Any]:
+    cl = StreamClient(args.size, args.fault)
+    phases: list[dict[str, Any]] = []
+    while (nxt := next_stream_phase(args, phases)) is not None:
+        kind, count, full = nxt
+        phases.append(cl.phase(conn, count, full, kind))
     end_session(conn)
     return {"ok": True, "phases": phases}
 
@@ -405,7 +681,165 @@ def client_pingpong(conn: StreamSocket, args: argparse.Namespace) -> dict[str, A
     return {"ok": True, "phases": phases, "rtt_ns": samples.tolist()}
 
 
+# --------------------------------------------------------------------------- asyncio client
+
+
+class AsyncClient(asyncio.BufferedProtocol):
+    """Client transport state: one awaited response at a time, write flow control."""
+
+    def __init__(self, kind: str, capacity: int) -> None:
+        self.kind = kind
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.view = memoryview(bytearray(capacity + 65536))  # room to detect extra bytes
+        self.got = 0
+        self.need = 0
+        self.waiter: asyncio.Future[None] | None = None
+        self.resume: asyncio.Future[None] | None = None  # set while writing is paused
+        self.lost: Exception | None = None
+        self.closed: asyncio.Future[None] = self.loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        tune_transport(transport, self.kind)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view[self.got :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.got += nbytes
+        w = self.waiter
+        if w is not None and self.got >= self.need and not w.done():
+            w.set_result(None)
+
+    async def read_exact(self, n: int) -> memoryview:
+        """The next ``n`` bytes (a view valid until the next request is sent)."""
+        if self.got < n:
+            self.check_lost()
+            self.need = n
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+            if self.got < n:
+                self.check_lost()
+        if self.got != n:
+            raise VerifyError(f"expected a {n}-byte response, received {self.got} bytes")
+        self.got = 0
+        return self.view[:n]
+
+    def check_lost(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+
+    def pause_writing(self) -> None:
+        if self.resume is None:
+            self.resume = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        fut, self.resume = self.resume, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        return None  # close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = exc or ConnectionError("server closed the connection")
+        for fut in (self.waiter, self.resume, self.closed):
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+
+async def aclient_stream(proto: AsyncClient, args: argparse.Namespace) -> dict[str, Any]:
+    cl = StreamClient(args.size, args.fault)
+    phases: list[dict[str, Any]] = []
+    while (nxt := next_stream_phase(args, phases)) is not None:
+        kind, count, full = nxt
+        phases.append(await cl.aphase(proto, count, full, kind))
+    await aend_session(proto)
+    return {"ok": True, "phases": phases}
+
+
+async def aclient_pingpong(proto: AsyncClient, args: argparse.Namespace) -> dict[str, Any]:
+    size: int = args.size
+    wins = windows(pattern(size), size)
+    tr = proto.transport
+    assert tr is not None
+    write, read_exact = tr.write, proto.read_exact
+    phases: list[dict[str, Any]] = []
+    samples = array("q")
+    seq = 0
+    for kind, count in (("warmup", args.warmup_rounds), ("rep", args.rounds)):
+        if count <= 0:
+            continue
+        samples = array("q", bytes(8 * count))
+        write(HDR.pack(MAGIC, 0, count))
+        nbad = 0
+        c0 = cpu_seconds()
+        w0 = time.perf_counter_ns()
+        for i in range(count):
+            msg = wins[seq % NWIN]
+            t0 = time.perf_counter_ns()
+            write(msg)
+            got = await read_exact(size)
+            t1 = time.perf_counter_ns()
+            samples[i] = t1 - t0
+            if got != msg:
+                nbad += 1
+            seq += 1
+        w1 = time.perf_counter_ns()
+        c1 = cpu_seconds()
+        phases.append({"kind": kind, "count": count, "ns": w1 - w0, "cpu_s": c1 - c0})
+        if nbad:
+            raise VerifyError(f"ping-pong {kind}: {nbad} of {count} echoes differ from the message")
+    await aend_session(proto)
+    return {"ok": True, "phases": phases, "rtt_ns": samples.tolist()}
+
+
+async def aend_session(proto: AsyncClient) -> None:
+    assert proto.transport is not None
+    proto.transport.write(HDR.pack(MAGIC, 0, 0))
+    await proto.read_exact(ACK.size)
+
+
+async def aclient(args: argparse.Namespace) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    cap = args.size if args.test == "pingpong" else ACK.size
+
+    def factory() -> AsyncClient:
+        return AsyncClient(args.transport, cap)
+
+    proto: AsyncClient
+    if args.transport == "rsock":
+        _, proto = await rsock_asyncio().create_connection(factory, "127.0.0.1", int(args.addr))
+    elif args.transport == "unix":
+        _, proto = await loop.create_unix_connection(factory, args.addr)
+    else:
+        _, proto = await loop.create_connection(factory, "127.0.0.1", int(args.addr))
+    tr = proto.transport
+    assert tr is not None
+    try:
+        if args.fault == "hang":
+            await asyncio.sleep(10**6)
+        if args.test == "stream":
+            result = await aclient_stream(proto, args)
+        else:
+            result = await aclient_pingpong(proto, args)
+        result.update(transport_info(args.transport, tr.get_extra_info("socket")))
+        result.update(api_info(args))
+        tr.close()
+        await asyncio.wait_for(proto.closed, 10.0)
+    finally:
+        if not proto.closed.done():
+            tr.abort()
+    return result
+
+
 def client(args: argparse.Namespace) -> dict[str, Any]:
+    if args.api == "asyncio":
+        return run_async(args, aclient)
     conn = connect(args)
     try:
         if args.fault == "hang":
@@ -415,6 +849,7 @@ def client(args: argparse.Namespace) -> dict[str, Any]:
         else:
             result = client_pingpong(conn, args)
         result.update(transport_info(args.transport, conn))
+        result["api"] = "sync"
     finally:
         conn.close()
     return result
@@ -428,6 +863,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("role", choices=("serve", "client"))
     ap.add_argument("--transport", required=True, choices=("rsock", "tcp", "unix"))
     ap.add_argument("--test", required=True, choices=("stream", "pingpong"))
+    ap.add_argument("--api", choices=("sync", "asyncio"), default="sync")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--addr", default="")
     ap.add_argument("--cpu", type=int, default=-1)
