@@ -38,6 +38,7 @@ _raw_from_buffer = _ll.raw_from_buffer
 __all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
 
 _MAX_READ = 256 * 1024  # bytes per recv for a plain Protocol
+_SCRATCH = 16 * 1024  # first read of a plain Protocol
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
 
@@ -87,6 +88,9 @@ class RsockTransport(asyncio.Transport):
         h = sock._h
         assert h is not None
         self._h = h
+        # watch the two fds behind fileno() directly: one epoll level less
+        # on every wake-up
+        self._nfd, self._lfd = _ll.notify_fds(h)
         try:
             self._info["peername"] = sock.getpeername()
         except OSError:
@@ -105,7 +109,14 @@ class RsockTransport(asyncio.Transport):
         self._conn_lost = 0
         self._interest = -1
         self._reader_added = False
+        self._live_added = False
         self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
+        # plain Protocols read small messages through one preallocated
+        # buffer (one engine call); a full scratch means more is waiting,
+        # then reads copy straight out of the ring
+        self._scratch = bytearray(_SCRATCH)
+        self._scratch_mv = memoryview(self._scratch)
+        self._scratch_c = _raw_from_buffer(self._scratch, require_writable=True)
         if server is not None:
             server._attach()
         self._loop.call_soon(self._connection_made, waiter)
@@ -142,11 +153,24 @@ class RsockTransport(asyncio.Transport):
             self._interest = want
             _ll.set_interest(self._h, want)
         if want and not self._reader_added:
-            self._loop.add_reader(self._fd, self._on_ready)
+            self._loop.add_reader(self._nfd, self._on_ready)
             self._reader_added = True
         elif not want and self._reader_added:
-            self._loop.remove_reader(self._fd)
+            self._loop.remove_reader(self._nfd)
             self._reader_added = False
+        if not self._live_added and self._lfd >= 0:
+            self._loop.add_reader(self._lfd, self._on_live)
+            self._live_added = True
+
+    def _on_live(self) -> None:
+        """The liveness channel fired: the peer is gone (or refused us)."""
+        if self._live_added:
+            self._loop.remove_reader(self._lfd)
+            self._live_added = False
+            self._lfd = -1  # level-triggered hang-up: watch it no more
+        if not self._conn_lost:
+            _ll.check_peer(self._h)
+            self._on_ready()
 
     # ---------------------------------------------------------------- events
 
@@ -196,13 +220,16 @@ class RsockTransport(asyncio.Transport):
                         return
                     continue
             else:
-                r = _ll.recv_bytes(self._h, _MAX_READ, 0, 0)
-                if isinstance(r, bytes):
-                    if not r:
-                        self._read_eof()
-                        return
+                n = _raw_recv(ptr, self._scratch_c, _SCRATCH, 0, 0)
+                if n > 0:
+                    data = bytes(self._scratch_mv[:n])
+                    if n == _SCRATCH:
+                        # more is waiting: take it straight out of the ring
+                        r = _ll.recv_bytes(self._h, _MAX_READ, 0, 0)
+                        if type(r) is bytes:
+                            data += r
                     try:
-                        self._protocol.data_received(r)  # type: ignore[attr-defined]
+                        self._protocol.data_received(data)  # type: ignore[attr-defined]
                     except (SystemExit, KeyboardInterrupt):
                         raise
                     except BaseException as exc:
@@ -210,10 +237,9 @@ class RsockTransport(asyncio.Transport):
                             exc, "Fatal error: protocol.data_received() call failed."
                         )
                         return
-                    if len(r) < _MAX_READ:
+                    if n < _SCRATCH:
                         return
                     continue
-                n = r
             if n == 0:
                 self._read_eof()
                 return
@@ -277,7 +303,8 @@ class RsockTransport(asyncio.Transport):
         """Non-blocking send: bytes taken (0 if none fit), or -1 after a
         fatal error was handled."""
         while True:
-            rc: int = _raw_send(self._h.ptr, _raw_from_buffer(data), len(data), 0, 0)
+            buf = data if type(data) is bytes else _raw_from_buffer(data)
+            rc: int = _raw_send(self._h.ptr, buf, len(data), 0, 0)
             if rc >= 0:
                 return rc
             if rc == -errno.EAGAIN:
@@ -440,8 +467,11 @@ class RsockTransport(asyncio.Transport):
 
     def _call_connection_lost(self, exc: Exception | None) -> None:
         if self._reader_added:
-            self._loop.remove_reader(self._fd)
+            self._loop.remove_reader(self._nfd)
             self._reader_added = False
+        if self._live_added:
+            self._loop.remove_reader(self._lfd)
+            self._live_added = False
         try:
             self._protocol.connection_lost(exc)
         finally:

@@ -102,6 +102,13 @@ int rsk_socket(rsk_sock **out);
 /* The endpoint's pollable fd: readable when data, EOF, an error or a
  * pending connection is there (level-triggered once rsk_set_watch(s, 1)). */
 int rsk_fileno(rsk_sock *s);
+/* The fds behind rsk_fileno of a connection: the engine's notify fd
+ * (readable exactly as rsk_fileno is, in watch mode, minus the peer's
+ * death) and the liveness fd (readable/hang-up when the peer is gone).
+ * An event loop may watch these two directly and save a nested epoll. */
+int rsk_notify_fds(rsk_sock *s, int *notify_fd, int *live_fd);
+/* The liveness fd fired: take note of the peer's death (or its REJ). */
+int rsk_check_peer(rsk_sock *s);
 /* Keep the fd's readability exact after every call (costs a syscall or two
  * on state changes); off by default, turned on when the fd is handed out.
  * events (RSK_POLLIN, RSK_POLLOUT) says what makes the fd readable: with

@@ -164,6 +164,8 @@ static int eng_enter(rsk_sock *s)
 
 static void eng_release(rsk_sock *s);
 static void eng_sync_fd(rsk_sock *s);
+static int eng_progress(rsk_sock *s);
+static int eng_poll_live(rsk_sock *s);
 
 static void eng_leave(rsk_sock *s)
 {
@@ -177,6 +179,36 @@ static void eng_leave(rsk_sock *s)
 int rsk_fileno(rsk_sock *s)
 {
 	return s->epfd;
+}
+
+int rsk_notify_fds(rsk_sock *s, int *notify_fd, int *live_fd)
+{
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind != K_CONN) {
+		rc = -ENOTCONN;
+	} else {
+		*notify_fd = s->ops->notify_fd(s->qp);
+		*live_fd = s->live_fd;
+	}
+	eng_leave(s);
+	return rc;
+}
+
+int rsk_check_peer(rsk_sock *s)
+{
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind == K_CONN) {
+		eng_progress(s);
+		rc = eng_poll_live(s);
+	}
+	eng_leave(s);
+	return rc;
 }
 
 int rsk_get_opts(rsk_sock *s, struct rsk_opts *o)
