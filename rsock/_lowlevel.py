@@ -23,6 +23,11 @@ POLLOUT: int = lib.RSK_POLLOUT
 POLLERR: int = lib.RSK_POLLERR
 POLLHUP: int = lib.RSK_POLLHUP
 PROTO_VERSION: int = lib.RSK_PROTO_VERSION
+RING_MIN: int = lib.RSK_RING_MIN
+RING_MAX: int = lib.RSK_RING_MAX
+QDEPTH_MIN: int = lib.RSK_QDEPTH_MIN
+QDEPTH_MAX: int = lib.RSK_QDEPTH_MAX
+SPIN_MAX_US: int = lib.RSK_SPIN_MAX_US
 
 STATS_FIELDS: tuple[str, ...] = (
     "tx_bytes",
@@ -195,6 +200,11 @@ def from_buffer(data: Any, writable: bool = False) -> Any:
     return ffi.from_buffer(data, require_writable=writable)
 
 
+def memmove(dst: Any, src: Any, n: int) -> None:
+    """Copies n bytes between cffi buffers / bytes-like objects."""
+    ffi.memmove(dst, src, n)
+
+
 # Raw entry points for the socket layer's hot paths (blocking sendall /
 # recv_into / recv): one cffi call, no Python frame in between.
 raw_send: Any = lib.rsk_send
@@ -231,3 +241,22 @@ def close(h: Handle) -> int:
 def set_interest(h: Handle, events: int) -> int:
     """What makes the watched fd readable: POLLIN and/or POLLOUT."""
     return int(lib.rsk_set_interest(h.ptr, events))
+
+
+def listen_fd(h: Handle, fd: int) -> int:
+    """A kernel listening fd joins the listener (rsk_accept then says -EXDEV)."""
+    return int(lib.rsk_listen_fd(h.ptr, fd))
+
+
+def notify_fds(h: Handle) -> tuple[int, int]:
+    """(notify fd, liveness fd) behind a connection's pollable fd."""
+    n = ffi.new("int[2]")
+    rc = lib.rsk_notify_fds(h.ptr, n, n + 1)
+    if rc < 0:
+        raise oserror(rc)
+    return int(n[0]), int(n[1])
+
+
+def check_peer(h: Handle) -> int:
+    """The liveness fd fired: 1 if the peer is gone, 0 if not, or -errno."""
+    return int(lib.rsk_check_peer(h.ptr))
