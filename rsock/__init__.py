@@ -36,19 +36,28 @@ from socket import (
     SOMAXCONN,
     TCP_NODELAY,
     AddressFamily,
+    SocketIO,
     SocketKind,
     error,
     gaierror,
     getaddrinfo,
     getdefaulttimeout,
     getfqdn,
+    gethostbyaddr,
     gethostbyname,
+    gethostbyname_ex,
     gethostname,
     getnameinfo,
+    getprotobyname,
+    getservbyname,
+    getservbyport,
     has_ipv6,
     herror,
     htonl,
     htons,
+    if_indextoname,
+    if_nameindex,
+    if_nametoindex,
     inet_aton,
     inet_ntoa,
     inet_ntop,
@@ -60,14 +69,41 @@ from socket import (
 )
 from typing import Any
 
-from rsock._socket import create_connection, provider_config, socket
+from rsock._patch import patch, unpatch
+from rsock._socket import (
+    RSOCK_INLINE,
+    RSOCK_QDEPTH,
+    RSOCK_RING_SIZE,
+    RSOCK_SPIN_US,
+    SOL_RSOCK,
+    create_connection,
+    create_server,
+    has_dualstack_ipv6,
+    provider_config,
+    socket,
+)
+
+# isinstance(s, rsock.SocketType) holds for rsock sockets, as the stdlib's
+# SocketType does for its own
+SocketType = socket
 
 __version__ = "0.1.0"
 
 __all__ = [
     "socket",
     "create_connection",
+    "create_server",
+    "has_dualstack_ipv6",
     "provider_config",
+    "SOL_RSOCK",
+    "RSOCK_RING_SIZE",
+    "RSOCK_QDEPTH",
+    "RSOCK_INLINE",
+    "RSOCK_SPIN_US",
+    "SocketType",
+    "SocketIO",
+    "patch",
+    "unpatch",
     "AF_INET",
     "AF_INET6",
     "AF_UNSPEC",
@@ -99,13 +135,21 @@ __all__ = [
     "getaddrinfo",
     "getdefaulttimeout",
     "getfqdn",
+    "gethostbyaddr",
     "gethostbyname",
+    "gethostbyname_ex",
     "gethostname",
     "getnameinfo",
+    "getprotobyname",
+    "getservbyname",
+    "getservbyport",
     "has_ipv6",
     "herror",
     "htonl",
     "htons",
+    "if_indextoname",
+    "if_nameindex",
+    "if_nametoindex",
     "inet_aton",
     "inet_ntoa",
     "inet_ntop",

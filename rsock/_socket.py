@@ -10,19 +10,29 @@ bound (never listening or connected) to reserve its ``(host, port)``, so
 ``bind`` errors, ``getsockname`` and port numbers are the kernel's own.  The
 rendezvous of a listener is named after that address, scoped by the network
 namespace (see ``native/src/cm_local.c``).
+
+A socket object and its ``dup()``s share one ``_Core`` (the engine handle, the
+reserving kernel socket and the connection state); the handle is closed when
+the last of them closes.  ``makefile()`` defers the close like the stdlib.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno as _errno
+import io
 import ipaddress
 import math
+import operator
 import os
 import socket as _std
+import stat
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from typing_extensions import Buffer
 
@@ -32,7 +42,32 @@ _raw_send = _ll.raw_send
 _raw_recv = _ll.raw_recv
 _raw_from_buffer = _ll.raw_from_buffer
 
-__all__ = ["socket", "create_connection", "provider_config"]
+__all__ = [
+    "socket",
+    "create_connection",
+    "create_server",
+    "has_dualstack_ipv6",
+    "provider_config",
+    "SOL_RSOCK",
+    "RSOCK_RING_SIZE",
+    "RSOCK_QDEPTH",
+    "RSOCK_INLINE",
+    "RSOCK_SPIN_US",
+]
+
+# rsock's own socket option level (like rsocket's SOL_RDMA): no kernel level
+# has this number, so it can never be confused with one.
+SOL_RSOCK = 0x5253  # "RS"
+RSOCK_RING_SIZE = 1  # receive ring bytes (both rings, when set on the client)
+RSOCK_QDEPTH = 2  # receive slots = message credits
+RSOCK_INLINE = 3  # sends up to this size are posted inline
+RSOCK_SPIN_US = 4  # busy-poll before sleeping (may change after connect)
+_RSOCK_FIELDS = {
+    RSOCK_RING_SIZE: "ring_size",
+    RSOCK_QDEPTH: "qdepth",
+    RSOCK_INLINE: "inline_max",
+    RSOCK_SPIN_US: "spin_us",
+}
 
 # plain ints: IntFlag arithmetic costs microseconds per call
 _MSG_PEEK = int(_std.MSG_PEEK)
@@ -40,6 +75,25 @@ _MSG_WAITALL = int(_std.MSG_WAITALL)
 _MSG_DONTWAIT = int(_std.MSG_DONTWAIT)
 _MSG_SUPPORTED = _MSG_PEEK | _MSG_WAITALL | _MSG_DONTWAIT | int(_std.MSG_NOSIGNAL)
 _SOCK_FLAGS = getattr(_std, "SOCK_NONBLOCK", 0) | getattr(_std, "SOCK_CLOEXEC", 0)
+_SOL_SOCKET = int(_std.SOL_SOCKET)
+_SO_RCVBUF = int(_std.SO_RCVBUF)
+_SO_SNDBUF = int(_std.SO_SNDBUF)
+_SO_ERROR = int(_std.SO_ERROR)
+_SO_ACCEPTCONN = int(_std.SO_ACCEPTCONN)
+
+# sendmsg: up to this many bytes in several buffers go out as one message
+_COALESCE = 64 * 1024
+# sendfile: bytes read from the file per send
+_SENDFILE_BLOCK = 256 * 1024
+
+# Errors a non-blocking connect reports later (SO_ERROR / the next connect),
+# as TCP does for the outcome of its handshake; others are raised at once.
+_ASYNC_CONNECT_ERRORS = (_errno.ECONNREFUSED, _errno.ECONNRESET, _errno.EACCES)
+
+# _Core.nb: where a non-blocking connect stands
+_NB_DONE = 1  # reported EINPROGRESS but completed: the next connect() returns 0
+_NB_FAILED = 2  # failed: SO_ERROR (once), then the next connect() reports it
+_NB_RETRY = 3  # the listener's backlog was full: retried by connect()/SO_ERROR
 
 
 def _env_int(name: str, default: int) -> int:
@@ -83,6 +137,66 @@ def _not_int(v: object) -> str:
     return f"'{type(v).__name__}' object cannot be interpreted as an integer"
 
 
+def _index(v: Any) -> int:
+    """``int`` for an integer-like argument, the stdlib's TypeError otherwise."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(_not_int(v)) from None
+
+
+def _ebadf() -> OSError:
+    return OSError(_errno.EBADF, "Bad file descriptor")
+
+
+def ring_for_bufsize(value: int) -> int:
+    """The ring size ``SO_RCVBUF``/``SO_SNDBUF`` = ``value`` asks for.
+
+    Like the kernel, the value is taken as an unsigned 32-bit int and doubled;
+    the ring is the next power of two at or above that, clamped to
+    [RSK_RING_MIN, RSK_RING_MAX].  ``getsockopt`` then reports the ring size,
+    which is exactly what Linux reports for a power of two between 2 KiB and
+    ``net.core.rmem_max``.
+    """
+    v = (value & 0xFFFFFFFF) * 2
+    v = min(max(v, _ll.RING_MIN), _ll.RING_MAX)
+    return min(1 << (v - 1).bit_length(), _ll.RING_MAX)
+
+
+def _opt_int(value: Any, optlen: int | None) -> int:
+    """An int option value given to setsockopt the ways the stdlib accepts:
+    an int, a bytes-like object holding a C int, or ``None`` with optlen."""
+    if optlen is not None:
+        if value is not None:
+            raise TypeError("setsockopt() takes None as the value when optlen is given")
+        # the kernel reads optlen bytes from a NULL pointer
+        raise OSError(
+            _errno.EINVAL if optlen < 4 else _errno.EFAULT,
+            os.strerror(_errno.EINVAL if optlen < 4 else _errno.EFAULT),
+        )
+    if isinstance(value, int):
+        v = int(value)
+        if not -(2**31) <= v < 2**31:
+            raise OverflowError("signed integer is greater than maximum")
+        return v
+    try:
+        view = memoryview(value)
+    except TypeError:
+        raise TypeError(f"a bytes-like object is required, not '{type(value).__name__}'") from None
+    raw = view.tobytes()
+    if len(raw) < 4:
+        raise OSError(_errno.EINVAL, "Invalid argument")
+    return int.from_bytes(raw[:4], sys.byteorder, signed=True)
+
+
+def _opt_result(v: int, buflen: int | None) -> int | bytes:
+    if buflen is None:
+        return v
+    if buflen < 0 or buflen > 1024:
+        raise OSError("getsockopt buflen out of range")
+    return v.to_bytes(4, sys.byteorder, signed=True)[:buflen]
+
+
 def _names(family: int, host: str, port: int) -> list[bytes]:
     """Rendezvous names a client tries for (host, port), most specific first."""
     tag = "4" if family == _std.AF_INET else "6"
@@ -106,12 +220,77 @@ def _is_local(family: int, host: str) -> tuple[bool, str]:
     return ip.is_loopback or src == host, src
 
 
+def _v4_mapped(addr: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An IPv4 peer of a dual-stack AF_INET6 socket, as the kernel shows it."""
+    if len(addr) == 2:
+        return (f"::ffff:{addr[0]}", addr[1], 0, 0)
+    return addr
+
+
+class _Core:
+    """What a socket and its ``dup()``s share: the engine handle, the kernel
+    socket that reserves the address, and the connection state.  The handle
+    is closed when the last socket object referring to it is closed."""
+
+    __slots__ = (
+        "h",
+        "refs",
+        "lock",
+        "tcp",
+        "connected",
+        "listening",
+        "bound",
+        "peer",
+        "local",
+        "watch",
+        "detail",
+        "so_error",
+        "nb",
+        "nb_dst",
+        "bufreq",
+    )
+
+    def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
+        self.h = h
+        self.refs = 1
+        self.lock = threading.Lock()
+        self.tcp = tcp
+        self.connected = False
+        self.listening = False
+        self.bound = False
+        self.peer: tuple[Any, ...] | None = None
+        self.local: tuple[Any, ...] | None = None
+        self.watch = False
+        self.detail = ""
+        self.so_error = 0  # a non-blocking connect's outcome, read by SO_ERROR
+        self.nb = 0  # _NB_*: a non-blocking connect reported EINPROGRESS
+        self.nb_dst: tuple[Any, ...] | None = None
+        # ring sizes asked for with SO_RCVBUF / SO_SNDBUF (0: not set)
+        self.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
+
+    def acquire(self) -> None:
+        with self.lock:
+            self.refs += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.refs -= 1
+            if self.refs > 0:
+                return
+            tcp, self.tcp = self.tcp, None
+            self.connected = False
+        _ll.close(self.h)
+        if tcp is not None:
+            tcp.close()
+
+
 class socket:
     """A stream socket with the API of ``socket.socket`` (AF_INET/AF_INET6,
     SOCK_STREAM), carried by the rsock engine.  See the README for the
     deliberate differences."""
 
     _h: _ll.Handle | None
+    _core: _Core
 
     def __init__(
         self,
@@ -120,16 +299,16 @@ class socket:
         proto: int = -1,
         fileno: int | None = None,
     ) -> None:
+        self._h = None  # __del__ must find it whatever fails below
         if fileno is not None:
-            raise OSError(
-                _errno.EOPNOTSUPP, "rsock.socket cannot adopt a kernel file descriptor"
-            )
+            raise OSError(_errno.EOPNOTSUPP, "rsock.socket cannot adopt a kernel file descriptor")
         if family == -1:
             family = _std.AF_INET
         if type == -1:
             type = _std.SOCK_STREAM
         if proto == -1:
             proto = 0
+        family, type, proto = _index(family), _index(type), _index(proto)
         if family not in (_std.AF_INET, _std.AF_INET6):
             raise OSError(_errno.EAFNOSUPPORT, "rsock supports AF_INET and AF_INET6 only")
         if type & ~_SOCK_FLAGS != _std.SOCK_STREAM:
@@ -139,45 +318,46 @@ class socket:
         self._family = _std.AddressFamily(family)
         self._proto = proto
         self._provider_name, opts = provider_config()
+        self._closed = False
+        self._io_refs = 0
+        self._timeout: float | None = _std.getdefaulttimeout()
+        if type & getattr(_std, "SOCK_NONBLOCK", 0):
+            self._timeout = 0.0
         # the kernel socket that reserves our address (never listens)
-        self._tcp: _std.socket | None = _std.socket(family, _std.SOCK_STREAM)
-        self._h = _ll.new()
-        rc = _ll.set_opts(self._h, opts)
+        tcp = _std.socket(family, _std.SOCK_STREAM)
+        try:
+            h = _ll.new()
+        except BaseException:
+            tcp.close()
+            raise
+        self._core = _Core(h, tcp)
+        self._h = h
+        rc = _ll.set_opts(h, opts)
         if rc < 0:
             self.close()
             raise ValueError(f"bad rsock tunables {opts}: {os.strerror(-rc)}")
-        self._connected = False
-        self._listening = False
-        self._bound = False
-        self._peer: tuple[Any, ...] | None = None
-        self._local: tuple[Any, ...] | None = None
+
+    def _init_from(self, other: socket, h: _ll.Handle, core: _Core) -> None:
+        self._family = other._family
+        self._proto = other._proto
+        self._provider_name = other._provider_name
         self._closed = False
-        self._watch = False
-        self._detail = ""
-        dt = _std.getdefaulttimeout()
-        self._timeout: float | None = dt
-        if type & getattr(_std, "SOCK_NONBLOCK", 0):
-            self._timeout = 0.0
+        self._io_refs = 0
+        self._timeout = _std.getdefaulttimeout()
+        self._core = core
+        self._h = h
 
     @classmethod
     def _accepted(
         cls, parent: socket, h: _ll.Handle, peer: tuple[Any, ...], local: tuple[Any, ...]
     ) -> socket:
         self = cls.__new__(cls)
-        self._family = parent._family
-        self._proto = parent._proto
-        self._provider_name = parent._provider_name
-        self._tcp = None
-        self._h = h
-        self._connected = True
-        self._listening = False
-        self._bound = True
-        self._peer = peer
-        self._local = local
-        self._closed = False
-        self._watch = False
-        self._detail = ""
-        self._timeout = _std.getdefaulttimeout()
+        core = _Core(h, None)
+        core.connected = True
+        core.bound = True
+        core.peer = peer
+        core.local = local
+        self._init_from(parent, h, core)
         return self
 
     # ------------------------------------------------------------ basics
@@ -195,14 +375,19 @@ class socket:
         return self._proto
 
     @property
+    def timeout(self) -> float | None:
+        """The timeout in seconds (None: blocking), like ``socket.timeout``."""
+        return self._timeout
+
+    @property
     def provider(self) -> str | None:
         """Which path the connection took ("shm"), None if not connected."""
-        return self._provider_name if self._connected else None
+        return self._provider_name if self._h is not None and self._core.connected else None
 
     def _handle(self) -> _ll.Handle:
         h = self._h
         if h is None:
-            raise OSError(_errno.EBADF, "Bad file descriptor")
+            raise _ebadf()
         return h
 
     def _raise(self, rc: int) -> OSError:
@@ -213,30 +398,44 @@ class socket:
     def fileno(self) -> int:
         """A real pollable fd (an epoll fd over the engine's notification
         and liveness fds): readable when data, EOF, an error or a pending
-        connection is there.  -1 once closed, like the stdlib."""
+        connection is there.  -1 once closed, like the stdlib.  A ``dup()``
+        shares it."""
         h = self._h
         if h is None:
             return -1
-        if not self._watch:
-            self._watch = True
+        core = self._core
+        if not core.watch:
+            core.watch = True
             _ll.set_watch(h, True)
         return _ll.fileno(h)
 
+    def get_inheritable(self) -> bool:
+        """Whether the pollable fd is inherited by child processes (it is
+        not by default; a connection is unusable in a child anyway)."""
+        return os.get_inheritable(self.fileno())
+
+    def set_inheritable(self, inheritable: bool) -> None:
+        os.set_inheritable(self.fileno(), inheritable)
+
     def __repr__(self) -> str:
         h = self._h
-        closed = h is None
+        closed = getattr(self, "_closed", False)
         s = (
-            f"<rsock.socket{' [closed]' if closed else ''} fd={_ll.fileno(h) if h else -1}, "
+            f"<rsock.socket{' [closed]' if closed else ''} "
+            f"fd={_ll.fileno(h) if h is not None else -1}, "
             f"family={self._family!s}, type={_std.SOCK_STREAM!s}, proto={self._proto}"
         )
-        if not closed:
+        if not closed and h is not None:
             try:
-                s += f", laddr={self.getsockname()}"
+                laddr = self.getsockname()
+                if laddr:
+                    s += f", laddr={laddr}"
             except OSError:
                 pass
-            if self._peer is not None:
-                s += f", raddr={self._peer}"
-            if self._connected:
+            core = self._core
+            if core.peer is not None and core.connected:
+                s += f", raddr={core.peer}"
+            if core.connected:
                 s += f", provider={self._provider_name!r}"
         return s + ">"
 
@@ -244,45 +443,134 @@ class socket:
         return self
 
     def __exit__(self, *args: object) -> None:
-        self.close()
+        if not self._closed:
+            self.close()
 
     def __del__(self) -> None:
         if getattr(self, "_h", None) is not None:
-            warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
-            self.close()
+            if not self._closed:
+                warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
+            self._real_close()
 
     def __getstate__(self) -> None:
         raise TypeError(f"cannot pickle {self.__class__.__name__!r} object")
 
     def close(self) -> None:
+        """Closes this socket object; the connection goes when the last
+        ``dup()`` and the last ``makefile()`` file are closed too."""
+        self._closed = True
+        if self._io_refs <= 0:
+            self._real_close()
+
+    def _real_close(self) -> None:
         h, self._h = self._h, None
         if h is not None:
-            _ll.close(h)
-        tcp, self._tcp = self._tcp, None
-        if tcp is not None:
-            tcp.close()
-        self._connected = False
-        self._closed = True
+            self._core.release()
+
+    def _decref_socketios(self) -> None:
+        # called by socket.SocketIO.close() (the raw layer of makefile())
+        if self._io_refs > 0:
+            self._io_refs -= 1
+        if self._closed:
+            self.close()
+
+    def dup(self) -> socket:
+        """A second socket object for the same connection (or listener); the
+        connection closes when the last of them is closed.  Unlike the
+        stdlib, both objects return the same ``fileno()``."""
+        h = self._handle()
+        core = self._core
+        core.acquire()
+        sock = type(self).__new__(type(self))
+        sock._init_from(self, h, core)
+        sock._timeout = self._timeout
+        return sock
+
+    def detach(self) -> int:
+        """Not supported on an open socket: the connection lives in the rsock
+        engine, not in a file descriptor that could be handed over, so this
+        raises ``OSError(EOPNOTSUPP)`` and leaves the socket as it was.  On a
+        closed socket it returns -1, like the stdlib."""
+        if self._h is None:
+            self._closed = True
+            return -1
+        raise OSError(
+            _errno.EOPNOTSUPP,
+            "rsock.socket.detach(): an rsock connection has no kernel socket to hand "
+            "over; keep the socket object (or dup() it) instead",
+        )
+
+    def makefile(
+        self,
+        mode: str = "r",
+        buffering: int | None = None,
+        *,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+    ) -> Any:
+        """``socket.makefile``: the stdlib's own ``SocketIO`` and buffered
+        layers over this socket; closing the socket is deferred until the
+        files are closed too."""
+        if not set(mode) <= {"r", "w", "b"}:
+            raise ValueError(f"invalid mode {mode!r} (only r, w, b allowed)")
+        writing = "w" in mode
+        reading = "r" in mode or not writing
+        binary = "b" in mode
+        rawmode = ""
+        if reading:
+            rawmode += "r"
+        if writing:
+            rawmode += "w"
+        raw = _std.SocketIO(cast(Any, self), cast(Any, rawmode))
+        self._io_refs += 1
+        if buffering is None:
+            buffering = -1
+        if buffering < 0:
+            buffering = io.DEFAULT_BUFFER_SIZE
+        if buffering == 0:
+            if not binary:
+                raise ValueError("unbuffered streams must be binary")
+            return raw
+        buffer: Any
+        if reading and writing:
+            buffer = io.BufferedRWPair(raw, raw, buffering)
+        elif reading:
+            buffer = io.BufferedReader(raw, buffering)
+        else:
+            buffer = io.BufferedWriter(raw, buffering)
+        if binary:
+            return buffer
+        text = io.TextIOWrapper(buffer, io.text_encoding(encoding), errors, newline)
+        text.mode = mode  # type: ignore[misc]
+        return text
 
     # ------------------------------------------------------------ timeouts
 
-    def settimeout(self, value: float | None) -> None:
-        if value is None:
-            self._timeout = None
-            return
-        try:
-            v = float(value)
-        except TypeError:
-            raise TypeError("Timeout value must be int, float or None") from None
-        if v < 0 or math.isnan(v):
-            raise ValueError("Timeout value out of range")
-        self._timeout = v
+    def settimeout(self, value: float | None, /) -> None:
+        val: Any = value
+        if val is None:
+            t = None
+        else:
+            if isinstance(val, int | float):
+                v = float(val)
+            else:
+                v = float(_index(val))
+            if math.isnan(v):
+                raise ValueError("Invalid value NaN (not a number)")
+            if v < 0:
+                raise ValueError("Timeout value out of range")
+            t = v
+        self._handle()
+        self._timeout = t
 
     def gettimeout(self) -> float | None:
         return self._timeout
 
-    def setblocking(self, flag: bool) -> None:
-        self._timeout = None if flag else 0.0
+    def setblocking(self, flag: bool, /) -> None:
+        block = _index(flag)
+        self._handle()
+        self._timeout = None if block else 0.0
 
     def getblocking(self) -> bool:
         return self._timeout != 0.0
@@ -312,67 +600,143 @@ class socket:
     # ------------------------------------------------------------ addresses
 
     def _reserve(self) -> _std.socket:
-        if self._tcp is None:
+        core = self._core
+        if core.tcp is None:
             if self._h is None:
-                raise OSError(_errno.EBADF, "Bad file descriptor")
-            self._tcp = _std.socket(self._family, _std.SOCK_STREAM)
-        return self._tcp
+                raise _ebadf()
+            core.tcp = _std.socket(self._family, _std.SOCK_STREAM)
+        return core.tcp
 
-    def bind(self, address: Any) -> None:
-        self._handle()
-        if self._connected or self._listening:
+    def bind(self, address: Any, /) -> None:
+        core = self._core
+        tcp = core.tcp
+        if self._h is None or core.connected or core.listening or tcp is None:
+            self._resolve(address, "bind")  # the stdlib checks the address first
+            self._handle()
             raise OSError(_errno.EINVAL, "Invalid argument")
-        if self._tcp is None:
-            raise OSError(_errno.EINVAL, "Invalid argument")
-        self._tcp.bind(address)
-        self._bound = True
+        tcp.bind(address)
+        core.bound = True
 
     def getsockname(self) -> Any:
         self._handle()
-        if self._local is not None:
-            return self._local
+        if self._core.local is not None:
+            return self._core.local
         return self._reserve().getsockname()
 
     def getpeername(self) -> Any:
         self._handle()
-        if self._peer is None or not self._connected:
+        core = self._core
+        if core.peer is None or not core.connected:
             raise OSError(_errno.ENOTCONN, "Transport endpoint is not connected")
-        return self._peer
+        return core.peer
 
-    def setsockopt(self, level: int, optname: int, value: Any, optlen: int | None = None) -> None:
+    # ------------------------------------------------------------ options
+
+    def setsockopt(
+        self, level: int, optname: int, value: Any, optlen: int | None = None, /
+    ) -> None:
+        """``socket.setsockopt``.  ``SO_RCVBUF``/``SO_SNDBUF`` size the rings
+        (see ``ring_for_bufsize``; the client sizes both rings of a
+        connection, so the larger of the two requests wins; after connect
+        they are accepted and change nothing).  Level ``SOL_RSOCK`` sets the
+        engine's tunables.  Every other option goes to the kernel socket that
+        reserves the address: validated and read back as the kernel does,
+        without effect on the rsock connection."""
+        level, optname = _index(level), _index(optname)
+        if optlen is not None:
+            optlen = _index(optlen)
+        if level == SOL_RSOCK or (level == _SOL_SOCKET and optname in (_SO_RCVBUF, _SO_SNDBUF)):
+            v = _opt_int(value, optlen)
+            h = self._handle()
+            core = self._core
+            if level == SOL_RSOCK:
+                self._set_rsock_opt(h, core, optname, v)
+            elif not core.connected:
+                core.bufreq[optname] = ring_for_bufsize(v)
+                ring = max(core.bufreq.values())
+                rc = _ll.set_opts(h, dataclasses.replace(_ll.get_opts(h), ring_size=ring))
+                if rc < 0:
+                    raise _ll.oserror(rc)
+            return
         self._handle()
         tcp = self._reserve()
         if optlen is None:
             tcp.setsockopt(level, optname, value)
         else:
-            tcp.setsockopt(level, optname, None, optlen)
+            tcp.setsockopt(level, optname, value, optlen)
 
-    def getsockopt(self, level: int, optname: int, buflen: int | None = None) -> Any:
+    def _set_rsock_opt(self, h: _ll.Handle, core: _Core, optname: int, v: int) -> None:
+        field = _RSOCK_FIELDS.get(optname)
+        if field is None:
+            raise OSError(_errno.ENOPROTOOPT, "Protocol not available")
+        if v < 0:
+            raise OSError(_errno.EINVAL, "Invalid argument")
+        cur = _ll.get_opts(h)
+        if optname == RSOCK_INLINE and core.connected and v != cur.inline_max:
+            # the engine keeps the inline size it connected with
+            raise OSError(_errno.EISCONN, "Transport endpoint is already connected")
+        rc = _ll.set_opts(h, dataclasses.replace(cur, **{field: v}))
+        if rc < 0:
+            raise _ll.oserror(rc)
+        if optname == RSOCK_RING_SIZE:
+            core.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
+
+    def getsockopt(self, level: int, optname: int, buflen: int | None = None, /) -> Any:
+        """``socket.getsockopt``; ``SO_RCVBUF``/``SO_SNDBUF`` report the ring
+        size, ``SO_ERROR`` the outcome of a non-blocking connect or the
+        engine's pending error, ``SOL_RSOCK`` the engine's tunables."""
+        level, optname = _index(level), _index(optname)
+        if buflen is not None:
+            buflen = _index(buflen)
         h = self._handle()
-        if level == _std.SOL_SOCKET and optname == _std.SO_ERROR:
-            return _ll.take_error(h)
+        core = self._core
+        if level == _SOL_SOCKET:
+            if optname == _SO_ERROR:
+                return _opt_result(self._so_error(h, core), buflen)
+            if optname == _SO_ACCEPTCONN:
+                return _opt_result(1 if core.listening else 0, buflen)
+            if optname in (_SO_RCVBUF, _SO_SNDBUF):
+                return _opt_result(_ll.get_opts(h).ring_size, buflen)
+        elif level == SOL_RSOCK:
+            field = _RSOCK_FIELDS.get(optname)
+            if field is None:
+                raise OSError(_errno.ENOPROTOOPT, "Protocol not available")
+            return _opt_result(getattr(_ll.get_opts(h), field), buflen)
         tcp = self._reserve()
         if buflen is None:
             return tcp.getsockopt(level, optname)
         return tcp.getsockopt(level, optname, buflen)
 
+    def _so_error(self, h: _ll.Handle, core: _Core) -> int:
+        if core.nb == _NB_RETRY:
+            # still "in progress": one more try, without blocking
+            assert core.nb_dst is not None
+            rc = self._dial(h, core, core.nb_dst, 0)
+            if rc >= 0:
+                core.nb = _NB_DONE
+            elif rc != -_errno.EAGAIN:
+                core.nb = _NB_FAILED
+                core.so_error = -rc
+        err, core.so_error = core.so_error, 0
+        return err or _ll.take_error(h)
+
     # ------------------------------------------------------------ server side
 
-    def listen(self, backlog: int = -1) -> None:
+    def listen(self, backlog: int = -1, /) -> None:
+        backlog = _index(backlog)
         h = self._handle()
-        if not isinstance(backlog, int):
-            raise TypeError(_not_int(backlog))
-        if self._connected:
+        core = self._core
+        if core.connected:
             raise OSError(_errno.EINVAL, "Invalid argument")
         if backlog < 0:
             backlog = min(_std.SOMAXCONN, 128)
         self._check_provider()
-        if self._listening:
+        if core.listening:
             return
         tcp = self._reserve()
-        if not self._bound:
+        if not core.bound:
             tcp.bind(("0.0.0.0", 0) if self._family == _std.AF_INET else ("::", 0))
-            self._bound = True
+            core.bound = True
         host, port = tcp.getsockname()[:2]
         names = [f"rsock/{'4' if self._family == _std.AF_INET else '6'}/{host}/{port}".encode()]
         if (
@@ -385,13 +749,12 @@ class socket:
             rc = _ll.listen(h, name, backlog)
             if rc < 0:
                 raise _ll.oserror(rc)
-        self._listening = True
+        core.listening = True
 
     def accept(self) -> tuple[socket, Any]:
-        if not self._listening:
-            self._handle()
-            raise OSError(_errno.EINVAL, "Invalid argument")
         h = self._handle()
+        if not self._core.listening:
+            raise OSError(_errno.EINVAL, "Invalid argument")
         deadline = self._deadline()
         peer: tuple[Any, ...] | None = None
         local: tuple[Any, ...] | None = None
@@ -410,6 +773,9 @@ class socket:
             # the client's announced addresses are not ours: use what we know
             local = mine
             peer = peer or mine
+        if self._family == _std.AF_INET6:
+            # an IPv4 client of a dual-stack listener
+            peer, local = _v4_mapped(peer), _v4_mapped(local)
         sock = socket._accepted(self, nh, peer, local)
         if _std.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
@@ -424,70 +790,118 @@ class socket:
                 f"RSOCK_PROVIDER={self._provider_name!r}: only 'shm' is available in this build",
             )
 
-    def _resolve(self, address: Any) -> tuple[Any, ...]:
+    def _resolve(self, address: Any, what: str = "connect") -> tuple[Any, ...]:
+        fam = "AF_INET" if self._family == _std.AF_INET else "AF_INET6"
         if not isinstance(address, tuple):
-            raise TypeError(
-                f"{'AF_INET' if self._family == _std.AF_INET else 'AF_INET6'} address must be "
-                f"tuple, not {type(address).__name__}"
-            )
-        if len(address) < 2:
+            raise TypeError(f"{what}(): {fam} address must be tuple, not {type(address).__name__}")
+        if self._family == _std.AF_INET and len(address) != 2:
             raise TypeError("AF_INET address must be a pair (host, port)")
+        if self._family == _std.AF_INET6 and not 2 <= len(address) <= 4:
+            raise TypeError("AF_INET6 address must be a tuple (host, port[, flowinfo[, scopeid]])")
         host, port = address[0], address[1]
-        if not isinstance(port, int):
-            raise TypeError(_not_int(port))
+        if not isinstance(host, str | bytes | bytearray):
+            raise TypeError(f"str, bytes or bytearray expected, not {type(host).__name__}")
+        port = _index(port)
         if not 0 <= port <= 65535:
-            raise OverflowError("connect(): port must be 0-65535.")
-        infos = _std.getaddrinfo(host, port, self._family, _std.SOCK_STREAM)
+            raise OverflowError(f"{what}(): port must be 0-65535.")
+        if host == "":
+            host = "0.0.0.0" if self._family == _std.AF_INET else "::"
+        elif host == "<broadcast>":
+            host = "255.255.255.255"
+        infos = _std.getaddrinfo(cast(Any, host), port, self._family, _std.SOCK_STREAM)
         return tuple(infos[0][4])
 
-    def _connect(self, address: Any) -> int:
-        h = self._handle()
-        if self._connected:
-            return -_errno.EISCONN
-        if self._listening:
-            return -_errno.EINVAL
-        self._check_provider()
-        dst = self._resolve(address)
+    def _dial(self, h: _ll.Handle, core: _Core, dst: tuple[Any, ...], timeout_ms: int) -> int:
+        """One connect attempt to a resolved address: the rendezvous names for
+        it, most specific first.  Returns the engine's result."""
         host = str(dst[0])
         local, src_ip = _is_local(self._family, host)
         if not local:
             if os.environ.get("RSOCK_FALLBACK", "") == "never":
-                self._detail = f"{host} is not on this host and RSOCK_FALLBACK=never"
+                core.detail = f"{host} is not on this host and RSOCK_FALLBACK=never"
             else:
-                self._detail = f"{host} is not on this host (the TCP fallback is not built yet)"
+                core.detail = f"{host} is not on this host (the TCP fallback is not built yet)"
             return -_errno.ECONNREFUSED
         tcp = self._reserve()
-        if not self._bound:
+        if not core.bound:
             tcp.bind((src_ip, 0) if self._family == _std.AF_INET else (src_ip, 0, 0, 0))
-            self._bound = True
+            core.bound = True
         src = tuple(tcp.getsockname())
-        deadline = self._deadline()
+        deadline = None if timeout_ms <= 0 else time.monotonic() + timeout_ms / 1000
         rc = -_errno.ECONNREFUSED
         for name in _names(self._family, host, dst[1]):
             while True:
-                rc = _ll.connect(
-                    h, name, self._family, src, dst, _timeout_ms(self._timeout, deadline)
-                )
+                ms = timeout_ms if deadline is None else _timeout_ms(1.0, deadline)
+                rc = _ll.connect(h, name, self._family, src, dst, ms)
                 if rc != -_errno.EINTR:
                     break
             if rc != -_errno.ECONNREFUSED:
                 break
         if rc >= 0:
-            self._connected = True
-            self._peer = dst if self._family == _std.AF_INET6 else dst[:2]
+            core.connected = True
+            core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
         return rc
 
-    def connect(self, address: Any) -> None:
+    def _connect(self, address: Any) -> int:
+        """connect() as a -errno code (0 when connected)."""
+        dst = self._resolve(address)  # the stdlib checks (and resolves) it first
+        h = self._handle()
+        core = self._core
+        if core.nb:
+            return self._connect_again(h, core)
+        if core.connected:
+            return -_errno.EISCONN
+        if core.listening:
+            return -_errno.EINVAL
+        self._check_provider()
+        core.detail = ""
+        if self._timeout != 0.0:
+            return self._dial(h, core, dst, _timeout_ms(self._timeout, self._deadline()))
+        # Non-blocking: like TCP, "in progress"; the outcome is read with
+        # getsockopt(SO_ERROR) or a second connect().  The engine's connect
+        # completes at once from the listener's queue, so there is one.
+        rc = self._dial(h, core, dst, 0)
+        if rc >= 0:
+            core.nb = _NB_DONE
+        elif rc == -_errno.EAGAIN:
+            core.nb, core.nb_dst = _NB_RETRY, dst
+        elif -rc in _ASYNC_CONNECT_ERRORS:
+            core.nb, core.so_error = _NB_FAILED, -rc
+        else:
+            return rc
+        return -_errno.EINPROGRESS
+
+    def _connect_again(self, h: _ll.Handle, core: _Core) -> int:
+        """connect() after a non-blocking one reported EINPROGRESS: what
+        Linux TCP answers (0 once done, then EISCONN; the error once failed,
+        ECONNABORTED if SO_ERROR already took it; EALREADY while pending)."""
+        if core.nb == _NB_DONE:
+            core.nb = 0
+            return 0
+        if core.nb == _NB_FAILED:
+            err, core.so_error = core.so_error, 0
+            core.nb = 0
+            return -(err or _errno.ECONNABORTED)
+        assert core.nb_dst is not None
+        rc = self._dial(h, core, core.nb_dst, _timeout_ms(self._timeout, self._deadline()))
+        if rc == -_errno.EAGAIN and self._timeout == 0.0:
+            return -_errno.EALREADY
+        core.nb = 0
+        return 0 if rc >= 0 else rc
+
+    def connect(self, address: Any, /) -> None:
         rc = self._connect(address)
         if rc >= 0:
             return
         if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
             raise TimeoutError("timed out")
         h = self._h
-        d = self._detail or (_ll.detail(h) if h is not None else "")
+        d = self._core.detail or (_ll.detail(h) if h is not None else "")
+        if rc in (-_errno.EINPROGRESS, -_errno.EALREADY):
+            d = ""
         raise _ll.oserror(rc, d)
 
-    def connect_ex(self, address: Any) -> int:
+    def connect_ex(self, address: Any, /) -> int:
         try:
             rc = self._connect(address)
         except OSError as e:
@@ -502,7 +916,7 @@ class socket:
     def _flags(flags: int) -> int:
         if not flags:
             return 0
-        flags = int(flags)
+        flags = _index(flags)
         if flags & ~_MSG_SUPPORTED:
             raise OSError(_errno.EOPNOTSUPP, "Operation not supported")
         f = 0
@@ -518,12 +932,20 @@ class socket:
     def _cbuf(data: Any, writable: bool = False) -> Any:
         try:
             return _ll.from_buffer(data, writable)
-        except TypeError:
-            if writable and isinstance(data, bytes | memoryview):
-                raise TypeError("buffer is not writable") from None
+        except (TypeError, BufferError) as e:
+            if writable and _read_only(data):
+                raise TypeError(
+                    f"argument must be read-write bytes-like object, not {type(data).__name__}"
+                ) from None
+            if isinstance(e, BufferError):
+                raise  # not contiguous: as the stdlib
             raise TypeError(
                 f"a bytes-like object is required, not '{type(data).__name__}'"
             ) from None
+
+    def _timed_out(self, rc: int) -> bool:
+        """Is rc an expired socket timeout (not non-blocking mode)?"""
+        return rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and bool(self._timeout)
 
     def send(self, data: Buffer, flags: int = 0, /) -> int:
         h = self._h
@@ -572,9 +994,70 @@ class socket:
                 continue
             if rc == -_errno.EINTR:
                 continue
-            if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
+            if self._timed_out(rc):
                 raise TimeoutError("timed out")
             raise self._raise(rc)
+
+    def sendto(self, data: Buffer, flags_or_address: Any, address: Any = None, /) -> int:
+        """``socket.sendto(data[, flags], address)``: on a connected stream
+        socket the address is checked, then ignored, as Linux TCP does."""
+        if address is None:
+            flags, address = 0, flags_or_address
+        else:
+            flags = _index(flags_or_address)
+        self._cbuf(data)
+        self._resolve(address, "sendto")
+        return self.send(data, flags)
+
+    def sendmsg(
+        self,
+        buffers: Iterable[Buffer],
+        ancdata: Iterable[Any] = (),
+        flags: int = 0,
+        address: Any = None,
+        /,
+    ) -> int:
+        """``socket.sendmsg``: gathers the buffers, in order, into the stream.
+        Ancillary data is checked for shape and then dropped, as Linux TCP
+        drops it (``SCM_RIGHTS`` included); an address is checked and
+        ignored, as on a connected TCP socket.  Everything is validated
+        before a byte is sent."""
+        try:
+            items = list(buffers)
+        except TypeError:
+            raise TypeError("sendmsg() argument 1 must be an iterable") from None
+        bufs = [self._cbuf(b) for b in items]
+        _check_ancdata(ancdata)
+        f = self._flags(flags)
+        if address is not None:
+            self._resolve(address, "sendmsg")
+        h = self._handle()
+        total = sum(len(b) for b in bufs)
+        if len(bufs) == 1:
+            return self._call(_ll.send, bufs[0], total, f)
+        if total <= _COALESCE:
+            one = self._cbuf(b"".join(cast(Iterable[bytes], items)))
+            return self._call(_ll.send, one, total, f)
+        deadline = self._deadline()
+        sent = 0
+        for b in bufs:
+            n = len(b)
+            if n == 0:
+                continue
+            while True:
+                rc = _ll.send(h, b, n, f, _timeout_ms(self._timeout, deadline))
+                if rc != -_errno.EINTR:
+                    break
+            if rc < 0:
+                if sent:
+                    return sent  # like the kernel: what went, the error next time
+                if self._timed_out(rc):
+                    raise TimeoutError("timed out")
+                raise self._raise(rc)
+            sent += rc
+            if rc < n:
+                return sent
+        return sent
 
     def recv(self, bufsize: int, flags: int = 0, /) -> bytes:
         h = self._h
@@ -585,11 +1068,10 @@ class socket:
                     return r
         return self._recv(bufsize, flags)
 
-    def _recv(self, bufsize: int, flags: int) -> bytes:
-        if not isinstance(bufsize, int):
-            raise TypeError(_not_int(bufsize))
+    def _recv(self, bufsize: int, flags: int, what: str = "recv") -> bytes:
+        bufsize = _index(bufsize)
         if bufsize < 0:
-            raise ValueError("negative buffersize in recv")
+            raise ValueError(f"negative buffersize in {what}")
         f = self._flags(flags)
         h = self._handle()
         if bufsize == 0 or f & _ll.F_WAITALL:
@@ -603,7 +1085,7 @@ class socket:
                 return r
             if r == -_errno.EINTR:
                 continue
-            if r in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
+            if self._timed_out(r):
                 raise TimeoutError("timed out")
             raise self._raise(r)
 
@@ -613,7 +1095,7 @@ class socket:
             # hot path: blocking, whole buffer, no flags
             try:
                 buf = _raw_from_buffer(buffer, require_writable=True)
-            except TypeError:
+            except (TypeError, BufferError):
                 pass
             else:
                 rc: int = _raw_recv(h.ptr, buf, len(buf), 0, -1)
@@ -621,9 +1103,10 @@ class socket:
                     return rc
         return self._recv_into(buffer, nbytes, flags)
 
-    def _recv_into(self, buffer: Buffer, nbytes: int, flags: int) -> int:
+    def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:
+        nbytes = _index(nbytes)
         if nbytes < 0:
-            raise ValueError("negative buffersize in recv_into")
+            raise ValueError(f"negative buffersize in {what}")
         buf = self._cbuf(buffer, True)
         size = len(buf)
         if nbytes == 0:
@@ -632,11 +1115,168 @@ class socket:
             raise ValueError("buffer too small for requested bytes")
         return self._call(_ll.recv_into, buf, nbytes, self._flags(flags))
 
+    def recvfrom(self, bufsize: int, flags: int = 0, /) -> tuple[bytes, Any]:
+        """``socket.recvfrom``: the address is None, as for a TCP socket."""
+        return self._recv(bufsize, flags, "recvfrom"), None
+
+    def recvfrom_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> tuple[int, Any]:
+        """``socket.recvfrom_into``: the address is None, as for TCP."""
+        return self._recv_into(buffer, nbytes, flags, "recvfrom_into"), None
+
+    def recvmsg(
+        self, bufsize: int, ancbufsize: int = 0, flags: int = 0, /
+    ) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]:
+        """``socket.recvmsg``: ``(data, [], 0, None)``; a stream carries no
+        ancillary data, message flags or address."""
+        bufsize = _index(bufsize)
+        if bufsize < 0:
+            raise ValueError("negative buffer size in recvmsg()")
+        _check_ancbufsize(ancbufsize)
+        if bufsize == 0:
+            self._wait_readable(self._flags(flags))
+            return b"", [], 0, None
+        return self._recv(bufsize, flags), [], 0, None
+
+    def recvmsg_into(
+        self, buffers: Iterable[Buffer], ancbufsize: int = 0, flags: int = 0, /
+    ) -> tuple[int, list[tuple[int, int, bytes]], int, Any]:
+        """``socket.recvmsg_into``: scatters the stream into the buffers in
+        order, like ``readv`` (waits for the first byte as ``recv`` does, then
+        fills further buffers with what is already there; with
+        ``MSG_WAITALL`` fills them all)."""
+        msg = "recvmsg_into() argument 1 must be an iterable of single-segment read-write buffers"
+        try:
+            items = list(buffers)
+            bufs = [_ll.from_buffer(b, True) for b in items]
+        except (TypeError, BufferError):
+            raise TypeError(msg) from None
+        _check_ancbufsize(ancbufsize)
+        f = self._flags(flags)
+        h = self._handle()
+        bufs = [b for b in bufs if len(b)]
+        if not bufs:
+            self._wait_readable(f)
+            return 0, [], 0, None
+        if len(bufs) == 1:
+            return self._call(_ll.recv_into, bufs[0], len(bufs[0]), f), [], 0, None
+        if f & _ll.F_PEEK:
+            # a peek always starts at the head of the stream: peek it all, then scatter
+            total = sum(len(b) for b in bufs)
+            tmp = bytearray(total)
+            got = self._call(_ll.recv_into, _ll.from_buffer(tmp, True), total, f)
+            view, off = memoryview(tmp), 0
+            for b in bufs:
+                k = min(len(b), got - off)
+                if k <= 0:
+                    break
+                _ll.memmove(b, view[off : off + k], k)
+                off += k
+            return got, [], 0, None
+        waitall = bool(f & _ll.F_WAITALL)
+        deadline = self._deadline()
+        got = 0
+        for b in bufs:
+            n = len(b)
+            while True:
+                if got and not waitall:
+                    ms = 0  # readv: further buffers get what is already there
+                else:
+                    ms = _timeout_ms(self._timeout, deadline)
+                rc = _ll.recv_into(h, b, n, f, ms)
+                if rc != -_errno.EINTR:
+                    break
+            if rc < 0:
+                if got:
+                    return got, [], 0, None
+                if self._timed_out(rc):
+                    raise TimeoutError("timed out")
+                raise self._raise(rc)
+            got += rc
+            if rc < n:
+                break
+        return got, [], 0, None
+
+    def _wait_readable(self, f: int) -> None:
+        """A zero-byte recvmsg: like CPython, wait until the socket is
+        readable (data or EOF) under the socket's timeout."""
+        h = self._handle()
+        nonblocking = self._timeout == 0.0 or f & _ll.F_DONTWAIT
+        deadline = self._deadline()
+        while True:
+            rc = _ll.wait(h, _ll.POLLIN, 0 if nonblocking else _timeout_ms(self._timeout, deadline))
+            if rc == -_errno.EINTR:
+                continue
+            if rc < 0:
+                raise self._raise(rc)
+            if rc:
+                return
+            if nonblocking:
+                raise BlockingIOError(_errno.EAGAIN, os.strerror(_errno.EAGAIN))
+            if self._timeout is not None:
+                raise TimeoutError("timed out")
+
+    def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        """``socket.sendfile``: reads the file in chunks and sends them (there
+        is no kernel socket for ``os.sendfile``).  Offsets and the final file
+        position are the stdlib's: a regular file is read from ``offset``
+        (absolute, as ``os.sendfile`` does) and left at ``offset`` + bytes
+        sent; any other binary file object as in the stdlib's ``send()``
+        fallback.  Non-blocking sockets raise ``ValueError``."""
+        if "b" not in getattr(file, "mode", "b"):
+            raise ValueError("file should be opened in binary mode")
+        if count is not None:
+            if not isinstance(count, int):
+                raise TypeError(f"count must be a positive integer (got {count!r})")
+            if count <= 0:
+                raise ValueError(f"count must be a positive integer (got {count!r})")
+        self._handle()
+        regular, size = False, 0
+        try:
+            st = os.fstat(file.fileno())
+            regular, size = stat.S_ISREG(st.st_mode), st.st_size
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            pass
+        if regular and not size:
+            return 0  # as os.sendfile's path does, before anything else
+        if self._timeout == 0.0:
+            raise ValueError("non-blocking sockets are not supported")
+        if regular or offset:
+            file.seek(offset)
+        block = min(count, _SENDFILE_BLOCK) if count else _SENDFILE_BLOCK
+        readinto: Any = getattr(file, "readinto", None)
+        chunk = bytearray(block) if readinto is not None else None
+        total = 0
+        try:
+            while True:
+                if count:
+                    block = min(count - total, block)
+                    if block <= 0:
+                        break
+                if chunk is not None:
+                    n = readinto(memoryview(chunk)[:block])
+                    data = memoryview(chunk)[: n or 0]
+                else:
+                    data = memoryview(file.read(block))
+                if not data:
+                    break  # EOF
+                while data:
+                    try:
+                        sent = self.send(data)
+                    except BlockingIOError:
+                        continue
+                    total += sent
+                    data = data[sent:]
+            return total
+        finally:
+            if total > 0 and hasattr(file, "seek"):
+                file.seek(offset + total)
+
     def shutdown(self, how: int, /) -> None:
+        how = _index(how)
         h = self._handle()
         if how not in (_std.SHUT_RD, _std.SHUT_WR, _std.SHUT_RDWR):
             raise OSError(_errno.EINVAL, "Invalid argument")
-        if not self._connected:
+        if not self._core.connected:
             raise OSError(_errno.ENOTCONN, "Transport endpoint is not connected")
         rc = _ll.shutdown(h, how)
         if rc < 0:
@@ -658,6 +1298,41 @@ class socket:
             "inline_max": o.inline_max,
             "spin_us": o.spin_us,
         }
+
+
+def _read_only(data: Any) -> bool:
+    try:
+        return memoryview(data).readonly
+    except TypeError:
+        return False
+
+
+def _check_ancdata(ancdata: Any) -> None:
+    """sendmsg's ancillary data: an iterable of (level, type, bytes-like)."""
+    try:
+        items = list(ancdata)
+    except TypeError:
+        raise TypeError("sendmsg() argument 2 must be an iterable") from None
+    for item in items:
+        try:
+            level, kind, data = item
+        except (TypeError, ValueError):
+            raise TypeError(
+                "[sendmsg() ancillary data items]() argument must be sequence of length 3"
+            ) from None
+        _index(level)
+        _index(kind)
+        try:
+            memoryview(data)
+        except TypeError:
+            raise TypeError(
+                f"a bytes-like object is required, not '{type(data).__name__}'"
+            ) from None
+
+
+def _check_ancbufsize(ancbufsize: Any) -> None:
+    if _index(ancbufsize) < 0:
+        raise ValueError("invalid ancillary data buffer length")
 
 
 _GLOBAL_DEFAULT_TIMEOUT: Any = _std._GLOBAL_DEFAULT_TIMEOUT  # type: ignore[attr-defined]
@@ -694,3 +1369,59 @@ def create_connection(
             raise ExceptionGroup("create_connection failed", errors)
         raise errors[0]
     raise OSError("getaddrinfo returns an empty list")
+
+
+def has_dualstack_ipv6() -> bool:
+    """``socket.has_dualstack_ipv6``: can an AF_INET6 listener also take
+    IPv4 clients?  (rsock listeners can wherever the kernel's can.)"""
+    if not _std.has_ipv6 or not hasattr(_std, "IPPROTO_IPV6") or not hasattr(_std, "IPV6_V6ONLY"):
+        return False
+    try:
+        with _std.socket(_std.AF_INET6, _std.SOCK_STREAM) as sock:
+            sock.setsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY, 0)
+            return True
+    except OSError:
+        return False
+
+
+def create_server(
+    address: tuple[str | None, int] | tuple[str | None, int, int, int],
+    *,
+    family: int = _std.AF_INET,
+    backlog: int | None = None,
+    reuse_port: bool = False,
+    dualstack_ipv6: bool = False,
+) -> socket:
+    """``socket.create_server`` for rsock: a bound, listening rsock socket
+    (``SO_REUSEADDR`` set; with ``dualstack_ipv6`` an AF_INET6 listener that
+    also takes IPv4 clients)."""
+    if reuse_port and not hasattr(_std, "SO_REUSEPORT"):
+        raise ValueError("SO_REUSEPORT not supported on this platform")
+    if dualstack_ipv6:
+        if not has_dualstack_ipv6():
+            raise ValueError("dualstack_ipv6 not supported on this platform")
+        if family != _std.AF_INET6:
+            raise ValueError("dualstack_ipv6 requires AF_INET6 family")
+    sock = socket(family, _std.SOCK_STREAM)
+    try:
+        try:
+            sock.setsockopt(_std.SOL_SOCKET, _std.SO_REUSEADDR, 1)
+        except OSError:
+            pass  # fail later on bind(), as the stdlib does
+        if reuse_port:
+            sock.setsockopt(_std.SOL_SOCKET, _std.SO_REUSEPORT, 1)
+        if _std.has_ipv6 and family == _std.AF_INET6:
+            sock.setsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY, 0 if dualstack_ipv6 else 1)
+        try:
+            sock.bind(address)
+        except OSError as err:
+            msg = f"{err.strerror} (while attempting to bind on address {address!r})"
+            raise OSError(err.errno, msg) from None
+        if backlog is None:
+            sock.listen()
+        else:
+            sock.listen(backlog)
+        return sock
+    except OSError:
+        sock.close()
+        raise

@@ -1,0 +1,249 @@
+"""Helpers for the compat suite: run unmodified programs over TCP or rsock.
+
+A program runs over ``tcp`` as ``python prog ...`` (the oracle) and over ``rsock``
+as ``python -m rsock run --report FILE prog ...``, whose report (the patch's
+counters, written at exit) proves that its connections took rsock's fast path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+COMPAT_DIR = Path(__file__).resolve().parent
+PROGRAMS = COMPAT_DIR / "programs"
+FAST_PROVIDER = "shm"
+TRANSPORTS = ["tcp", "rsock"]
+
+
+def program(name: str) -> str:
+    return str(PROGRAMS / name)
+
+
+def python_cmd(transport: str, report: Path | None = None) -> list[str]:
+    """The interpreter command line that runs a program over ``transport``."""
+    if transport == "tcp":
+        return [sys.executable]
+    assert transport == "rsock", transport
+    cmd = [sys.executable, "-m", "rsock", "run"]
+    if report is not None:
+        cmd += ["--report", str(report)]
+    return cmd
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["RSOCK_FALLBACK"] = "never"
+    return env
+
+
+def _restore_sigint() -> None:  # pragma: no cover - runs in the child
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _popen_kwargs() -> dict[str, Any]:
+    # Python ignores SIGINT for good if it starts with SIGINT ignored (as a shell's
+    # background job does): the servers are stopped with SIGINT, so give it back.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        return {"preexec_fn": _restore_sigint}
+    return {}
+
+
+class Server:
+    """A server program in a child process; ``port`` once it said READY."""
+
+    def __init__(self, cmd: list[str], workdir: Path, name: str, ready: str = "READY") -> None:
+        self.cmd = cmd
+        self.out_path = workdir / f"{name}.stdout"
+        self.err_path = workdir / f"{name}.stderr"
+        self._out = open(self.out_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._err = open(self.err_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._out,
+            stderr=self._err,
+            cwd=workdir,
+            env=_child_env(),
+            **_popen_kwargs(),
+        )
+        self.ready = ready
+        self.port = 0
+        self.returncode: int | None = None
+
+    def wait_ready(self, parse: Any, timeout: float = 30.0) -> int:
+        """Waits for the READY line; ``parse(line)`` returns the port or None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.out_path.read_text(errors="replace").splitlines():
+                port = parse(line)
+                if port:
+                    self.port = int(port)
+                    return self.port
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server {self.cmd} exited with {self.proc.returncode} before it was "
+                    f"ready:\n{self.stderr()}"
+                )
+            time.sleep(0.02)
+        raise TimeoutError(f"server {self.cmd} not ready after {timeout:g} s:\n{self.stderr()}")
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGINT (what a user's Ctrl-C sends), then the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.returncode = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(f"server {self.cmd} ignored SIGINT for {timeout:g} s") from None
+        finally:
+            self._out.close()
+            self._err.close()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._out.close()
+        self._err.close()
+
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def running_server(cmd: list[str], workdir: Path, name: str, parse: Any) -> Iterator[Server]:
+    server = Server(cmd, workdir, name)
+    try:
+        server.wait_ready(parse)
+        yield server
+    finally:
+        server.kill()
+
+
+def ready_port(line: str) -> int | None:
+    """``READY <host> <port>``, as the programs under programs/ print it."""
+    fields = line.split()
+    if len(fields) == 3 and fields[0] == "READY":
+        return int(fields[2])
+    return None
+
+
+def run_client(
+    cmd: list[str], workdir: Path, timeout: float = 40.0
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        cmd,
+        cwd=workdir,
+        env=_child_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **_popen_kwargs(),
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"client {cmd} exited with {proc.returncode}\nstdout:\n{proc.stdout}\n"
+            f"stderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+def run_in_process(transport: str, path: str, args: list[str]) -> tuple[int, str, dict[str, int]]:
+    """Runs a program as ``__main__`` in this process (patched for ``rsock``).
+
+    Returns (exit status, its stdout, the patch counters it caused)."""
+    import rsock
+    from rsock import _patch
+
+    saved_argv = sys.argv[:]
+    out = io.StringIO()
+    before = _patch.counters()
+    code = 0
+    if transport == "rsock":
+        rsock.patch()
+    try:
+        sys.argv = [path, *args]
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved_argv
+        if transport == "rsock":
+            rsock.unpatch()
+    after = _patch.counters()
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return code, out.getvalue(), {k: v for k, v in delta.items() if v}
+
+
+def read_report(path: Path) -> dict[str, int]:
+    return dict(json.loads(path.read_text()))
+
+
+def check_fast_path(
+    transport: str, report: dict[str, int] | None, *, connect: int = 0, accept: int = 0
+) -> None:
+    """On rsock: every connection the program made or accepted took the fast path
+    (at least ``connect``/``accept`` of them), and nothing took any other."""
+    if transport != "rsock":
+        return
+    assert report is not None, "no patch report"
+    assert report.get("rsock", 0) >= 1, report
+    others = {
+        k: v
+        for k, v in report.items()
+        if k.startswith(("connect:", "accept:")) and not k.endswith(":" + FAST_PROVIDER)
+    }
+    assert not others, f"connections off the fast path: {report}"
+    assert report.get(f"connect:{FAST_PROVIDER}", 0) >= connect, report
+    assert report.get(f"accept:{FAST_PROVIDER}", 0) >= accept, report
+
+
+def kernel_tcp_listeners(port: int) -> int:
+    """How many kernel TCP sockets (v4 and v6) listen on ``port``."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                n += 1
+    return n
+
+
+def check_listener(transport: str, port: int) -> None:
+    """Over rsock the server's port has no kernel TCP listener (its address is
+    reserved by a bound socket that never listens): the bytes cannot have gone
+    through TCP.  Over TCP there is one."""
+    listeners = kernel_tcp_listeners(port)
+    if transport == "rsock":
+        assert listeners == 0, f"a kernel TCP socket listens on port {port}"
+    else:
+        assert listeners >= 1, f"no kernel TCP listener on port {port}"
+
+
+def no_tracebacks(text: str, who: str) -> None:
+    assert "Traceback" not in text, f"{who} printed a traceback:\n{text}"

@@ -1,0 +1,167 @@
+"""``python -m rsock run``: run an unmodified program with rsock patched in.
+
+    python -m rsock run [--report FILE] -m module [args...]
+    python -m rsock run [--report FILE] script.py [args...]
+    python -m rsock run [--report FILE] -c command [args...]
+
+``rsock.patch()`` is applied first; then the program runs as ``python -m
+module`` / ``python script.py`` / ``python -c command`` would run it: as
+``__main__`` (through ``runpy``), with ``sys.argv`` and ``sys.path[0]`` set the
+same way.  Its exit status is ours.  ``--report FILE`` writes the patch's
+counters (rsock and stdlib sockets created, connections per provider) to FILE
+as JSON when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import os
+import runpy
+import sys
+import types
+
+from rsock import _patch
+
+USAGE = """\
+usage: python -m rsock run [--report FILE] (-m module | -c command | script) [args...]
+
+Runs a Python program with rsock.patch() applied: its AF_INET/AF_INET6 SOCK_STREAM
+sockets are rsock sockets, every other socket a stdlib one.
+
+  -m module      run a library module as a script (like python -m)
+  -c command     run a program passed as a string (like python -c)
+  script         run a script, a directory or a zip file with __main__.py
+                 (- reads the program from standard input)
+  --report FILE  at exit, write the patch counters (sockets, connections per provider)
+                 to FILE as JSON
+"""
+
+
+def _usage_error(msg: str) -> int:
+    sys.stderr.write(f"{USAGE}\npython -m rsock: error: {msg}\n")
+    return 2
+
+
+def _write_report(path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_patch.counters(), f, sort_keys=True)
+        f.write("\n")
+
+
+def _run_command(code: str, args: list[str], argv0: str = "-c", filename: str = "<string>") -> None:
+    sys.argv = [argv0, *args]
+    if not sys.flags.safe_path and sys.path:
+        sys.path[0] = ""
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    exec(compile(code, filename, "exec"), main.__dict__)
+
+
+def _run_module(name: str, args: list[str]) -> int:
+    # sys.path[0] is already the working directory, as `python -m` leaves it
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:
+        spec = None
+        detail = f"{type(e).__name__}: {e}"
+    else:
+        detail = f"No module named {name}"
+    if spec is None:
+        sys.stderr.write(f"{sys.executable}: {detail}\n")
+        return 1
+    sys.argv = [name, *args]  # runpy replaces argv[0] with the module's file
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
+    return 0
+
+
+def _run_script(path: str, args: list[str]) -> int:
+    if path == "-":  # the program on standard input, as `python -`
+        _run_command(sys.stdin.read(), args, "-", "<stdin>")
+        return 0
+    if not os.path.exists(path):
+        sys.stderr.write(
+            f"{sys.executable}: can't open file {os.path.abspath(path)!r}: "
+            f"[Errno 2] No such file or directory\n"
+        )
+        return 2
+    sys.argv = [path, *args]
+    if not sys.flags.safe_path and sys.path:
+        if os.path.isfile(path) and not _is_zip(path):
+            sys.path[0] = os.path.dirname(os.path.abspath(path))
+        else:
+            del sys.path[0]  # runpy puts the directory or zip file there itself
+    runpy.run_path(path, run_name="__main__")
+    return 0
+
+
+def _is_zip(path: str) -> bool:
+    import zipfile
+
+    return zipfile.is_zipfile(path)
+
+
+def run(argv: list[str]) -> int:
+    """``python -m rsock run ...`` with ``argv`` = the words after ``run``."""
+    report: str | None = None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            sys.stdout.write(USAGE)
+            return 0
+        if a == "--report" or a.startswith("--report="):
+            if a == "--report":
+                if i + 1 >= len(argv):
+                    return _usage_error("--report needs a file name")
+                report = argv[i + 1]
+                i += 2
+            else:
+                report = a.split("=", 1)[1]
+                i += 1
+            continue
+        if a == "--":
+            i += 1
+            break
+        if a.startswith("-m") or a.startswith("-c"):
+            value = a[2:]
+            if not value:
+                if i + 1 >= len(argv):
+                    return _usage_error(f"argument expected for the {a} option")
+                value = argv[i + 1]
+                i += 1
+            rest = argv[i + 1 :]
+            _start(report)
+            if a.startswith("-c"):
+                _run_command(value, rest)
+                return 0
+            return _run_module(value, rest)
+        if a.startswith("-") and a != "-":
+            return _usage_error(f"unknown option {a}")
+        break
+    if i >= len(argv):
+        return _usage_error("nothing to run: give -m module, -c command or a script")
+    _start(report)
+    return _run_script(argv[i], argv[i + 1 :])
+
+
+def _start(report: str | None) -> None:
+    if report is not None:
+        atexit.register(_write_report, os.path.abspath(report))
+    _patch.patch()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0 if args else 2
+    if args[0] != "run":
+        return _usage_error(f"unknown command {args[0]!r} (the only command is 'run')")
+    return run(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
