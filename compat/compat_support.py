@@ -218,8 +218,9 @@ def check_fast_path(
     assert report.get(f"accept:{FAST_PROVIDER}", 0) >= accept, report
 
 
-def kernel_tcp_listeners(port: int) -> int:
-    """How many kernel TCP sockets (v4 and v6) listen on ``port``."""
+def kernel_tcp_sockets(port: int, state: str) -> int:
+    """How many kernel TCP sockets (v4 and v6) on local ``port`` are in
+    ``state`` (/proc/net/tcp codes: 0A listen, 01 established)."""
     n = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -228,21 +229,21 @@ def kernel_tcp_listeners(port: int) -> int:
             continue
         for line in lines:
             fields = line.split()
-            local, state = fields[1], fields[3]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+            local, st = fields[1], fields[3]
+            if st == state and int(local.rsplit(":", 1)[1], 16) == port:
                 n += 1
     return n
 
 
 def check_listener(transport: str, port: int) -> None:
-    """Over rsock the server's port has no kernel TCP listener (its address is
-    reserved by a bound socket that never listens): the bytes cannot have gone
-    through TCP.  Over TCP there is one."""
-    listeners = kernel_tcp_listeners(port)
+    """Both kinds of server have a kernel TCP listener on their port (an
+    rsock listener serves plain TCP clients too), but over rsock no kernel
+    TCP connection to that port exists: the bytes cannot have gone through
+    TCP.  Call it while the clients are still connected."""
+    assert kernel_tcp_sockets(port, "0A") >= 1, f"no kernel TCP listener on port {port}"
     if transport == "rsock":
-        assert listeners == 0, f"a kernel TCP socket listens on port {port}"
-    else:
-        assert listeners >= 1, f"no kernel TCP listener on port {port}"
+        established = kernel_tcp_sockets(port, "01")
+        assert established == 0, f"{established} kernel TCP connections on port {port}"
 
 
 def no_tracebacks(text: str, who: str) -> None:

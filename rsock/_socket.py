@@ -96,6 +96,11 @@ _NB_FAILED = 2  # failed: SO_ERROR (once), then the next connect() reports it
 _NB_RETRY = 3  # the listener's backlog was full: retried by connect()/SO_ERROR
 
 
+# _connect's answer when no rsock listener took the connection and plain
+# TCP should be tried (a positive value: never an engine result)
+_FALLBACK = 1 << 30
+
+
 def _env_int(name: str, default: int) -> int:
     v = os.environ.get(name)
     if v is None or v == "":
@@ -291,6 +296,7 @@ class socket:
 
     _h: _ll.Handle | None
     _core: _Core
+    _k: _std.socket | None  # only once the connection went the TCP way
 
     def __init__(
         self,
@@ -732,6 +738,11 @@ class socket:
             backlog = min(_std.SOMAXCONN, 128)
         self._check_provider()
         if core.listening:
+            self._reserve().listen(backlog)
+            return
+        if self._provider_name == "tcp":
+            self._become_tcp()
+            self.listen(backlog)
             return
         tcp = self._reserve()
         if not core.bound:
@@ -749,6 +760,13 @@ class socket:
             rc = _ll.listen(h, name, backlog)
             if rc < 0:
                 raise _ll.oserror(rc)
+        # plain TCP clients are served on the same port: the kernel listener
+        # joins the pollable fd and accept() takes them from it
+        tcp.listen(backlog)
+        tcp.setblocking(False)
+        rc = _ll.listen_fd(h, tcp.fileno())
+        if rc < 0:
+            raise _ll.oserror(rc)
         core.listening = True
 
     def accept(self) -> tuple[socket, Any]:
@@ -764,6 +782,13 @@ class socket:
                 break
             if rc == -_errno.EINTR:
                 continue
+            if rc == -_errno.EXDEV:
+                # a plain TCP client on our port
+                try:
+                    conn, addr = self._reserve().accept()
+                except (BlockingIOError, InterruptedError):
+                    continue  # another thread took it
+                return _TcpSocket._wrap(self, conn), addr
             if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
                 raise TimeoutError("timed out")
             raise _ll.oserror(rc)
@@ -784,11 +809,25 @@ class socket:
     # ------------------------------------------------------------ client side
 
     def _check_provider(self) -> None:
-        if self._provider_name != "shm":
+        if self._provider_name not in ("shm", "tcp"):
             raise OSError(
                 _errno.EPROTONOSUPPORT,
-                f"RSOCK_PROVIDER={self._provider_name!r}: only 'shm' is available in this build",
+                f"RSOCK_PROVIDER={self._provider_name!r}: this build has 'shm' and 'tcp'",
             )
+
+    def _become_tcp(self) -> None:
+        """From now on this object is a plain TCP socket (the reserving
+        kernel socket), with rsock's class and the stdlib's behaviour."""
+        core = self._core
+        k = self._reserve()
+        with core.lock:
+            core.tcp = None  # the kernel socket is ours alone now
+        h, self._h = self._h, None
+        if h is not None:
+            core.release()
+        k.settimeout(self._timeout)
+        self._k = k
+        self.__class__ = _TcpSocket
 
     def _resolve(self, address: Any, what: str = "connect") -> tuple[Any, ...]:
         fam = "AF_INET" if self._family == _std.AF_INET else "AF_INET6"
@@ -817,10 +856,7 @@ class socket:
         host = str(dst[0])
         local, src_ip = _is_local(self._family, host)
         if not local:
-            if os.environ.get("RSOCK_FALLBACK", "") == "never":
-                core.detail = f"{host} is not on this host and RSOCK_FALLBACK=never"
-            else:
-                core.detail = f"{host} is not on this host (the TCP fallback is not built yet)"
+            core.detail = f"{host} is not on this host"
             return -_errno.ECONNREFUSED
         tcp = self._reserve()
         if not core.bound:
@@ -855,12 +891,17 @@ class socket:
             return -_errno.EINVAL
         self._check_provider()
         core.detail = ""
+        if self._provider_name == "tcp":
+            return _FALLBACK
         if self._timeout != 0.0:
-            return self._dial(h, core, dst, _timeout_ms(self._timeout, self._deadline()))
+            rc = self._dial(h, core, dst, _timeout_ms(self._timeout, self._deadline()))
+            return self._fallback_or(rc)
         # Non-blocking: like TCP, "in progress"; the outcome is read with
         # getsockopt(SO_ERROR) or a second connect().  The engine's connect
         # completes at once from the listener's queue, so there is one.
-        rc = self._dial(h, core, dst, 0)
+        rc = self._fallback_or(self._dial(h, core, dst, 0))
+        if rc == _FALLBACK:
+            return rc
         if rc >= 0:
             core.nb = _NB_DONE
         elif rc == -_errno.EAGAIN:
@@ -870,6 +911,17 @@ class socket:
         else:
             return rc
         return -_errno.EINPROGRESS
+
+    def _fallback_or(self, rc: int) -> int:
+        """No rsock listener answered: _FALLBACK to plain TCP unless
+        RSOCK_FALLBACK=never (then the refusal stands, with the reason)."""
+        if rc != -_errno.ECONNREFUSED:
+            return rc
+        if os.environ.get("RSOCK_FALLBACK", "") == "never":
+            core = self._core
+            core.detail = f"{core.detail or 'no rsock listener'}; RSOCK_FALLBACK=never"
+            return rc
+        return _FALLBACK
 
     def _connect_again(self, h: _ll.Handle, core: _Core) -> int:
         """connect() after a non-blocking one reported EINPROGRESS: what
@@ -891,6 +943,9 @@ class socket:
 
     def connect(self, address: Any, /) -> None:
         rc = self._connect(address)
+        if rc == _FALLBACK:
+            self._become_tcp()
+            return self.connect(address)
         if rc >= 0:
             return
         if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
@@ -908,6 +963,9 @@ class socket:
             if e.errno is None or isinstance(e, _std.gaierror):
                 raise
             return e.errno
+        if rc == _FALLBACK:
+            self._become_tcp()
+            return self.connect_ex(address)
         return 0 if rc >= 0 else -rc
 
     # ------------------------------------------------------------ data
@@ -1298,6 +1356,117 @@ class socket:
             "inline_max": o.inline_max,
             "spin_us": o.spin_us,
         }
+
+
+class _TcpSocket(socket):
+    """An rsock socket whose connection took the plain TCP path (fallback,
+    a TCP client of an rsock listener, or RSOCK_PROVIDER=tcp): every call
+    goes to the kernel socket, so behaviour is the stdlib's exactly."""
+
+    @classmethod
+    def _wrap(cls, parent: socket, k: _std.socket) -> _TcpSocket:
+        self = cls.__new__(cls)
+        self._family = parent._family
+        self._proto = parent._proto
+        self._provider_name = "tcp"
+        self._closed = False
+        self._io_refs = 0
+        self._h = None
+        self._k = k
+        self._timeout = _std.getdefaulttimeout()
+        if self._timeout is None and parent.gettimeout():
+            self._timeout = None
+        k.settimeout(self._timeout)
+        return self
+
+    def _kernel(self) -> _std.socket:
+        k = self._k
+        if k is None:
+            raise _ebadf()
+        return k
+
+    @property
+    def provider(self) -> str | None:
+        return "tcp" if self._k is not None else None
+
+    def fileno(self) -> int:
+        k = self._k
+        return -1 if k is None else k.fileno()
+
+    def _real_close(self) -> None:
+        k, self._k = self._k, None
+        if k is not None:
+            k.close()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._io_refs <= 0:
+            self._real_close()
+
+    def __del__(self) -> None:
+        k = getattr(self, "_k", None)
+        if k is not None:
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
+            self._real_close()
+
+    def __repr__(self) -> str:
+        k = self._k
+        if k is None:
+            return f"<rsock.socket [closed] fd=-1, family={self._family}, provider='tcp'>"
+        return repr(k).replace("<socket.socket", "<rsock.socket", 1)[:-1] + ", provider='tcp'>"
+
+    def settimeout(self, value: float | None, /) -> None:
+        super().settimeout(value)
+        self._kernel().settimeout(self._timeout)
+
+    def setblocking(self, flag: bool, /) -> None:
+        super().setblocking(flag)
+        self._kernel().setblocking(flag)
+
+    def dup(self) -> _TcpSocket:
+        return _TcpSocket._wrap(self, self._kernel().dup())
+
+    def detach(self) -> int:
+        k, self._k = self._k, None
+        return -1 if k is None else k.detach()
+
+    def accept(self) -> tuple[socket, Any]:
+        conn, addr = self._kernel().accept()
+        return _TcpSocket._wrap(self, conn), addr
+
+    def listen(self, backlog: int = -1, /) -> None:
+        k = self._kernel()
+        if backlog < 0:
+            k.listen()
+        else:
+            k.listen(backlog)
+
+    def stats(self) -> dict[str, int]:
+        self._kernel()
+        return {}
+
+    def rsock_opts(self) -> dict[str, int]:
+        self._kernel()
+        return {}
+
+
+def _delegate(name: str) -> Any:
+    def method(self: _TcpSocket, *args: Any, **kw: Any) -> Any:
+        return getattr(self._kernel(), name)(*args, **kw)
+
+    method.__name__ = name
+    method.__doc__ = f"``socket.socket.{name}`` on the kernel socket."
+    return method
+
+
+for _name in (
+    "bind", "connect", "connect_ex", "getsockname", "getpeername", "setsockopt",
+    "getsockopt", "send", "sendall", "sendto", "sendmsg", "recv", "recv_into",
+    "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into", "shutdown", "sendfile",
+    "get_inheritable", "set_inheritable",
+):
+    setattr(_TcpSocket, _name, _delegate(_name))
+del _name
 
 
 def _read_only(data: Any) -> bool:
