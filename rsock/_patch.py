@@ -25,14 +25,38 @@ return rsock sockets, with the stdlib's own argument handling and errors.
 Sockets rsock itself creates (the kernel socket that reserves an address, the
 oracle side of ``rsock.bench``) are never dispatched: calls whose caller is
 a module of the ``rsock`` package get the stdlib class.
+
+asyncio: an rsock socket's ``fileno()`` is an epoll fd that reports
+readability only, so the loops' own TCP transports (and ``sock_connect``,
+``sock_sendall``, which wait for writability) cannot drive it.  While patched,
+the event loop methods that would build such a transport go through
+:mod:`rsock.asyncio` instead (see ``_LOOP_METHODS``): ``create_connection``
+and ``create_server`` for TCP (host/port, or ``sock=`` an rsock socket;
+``ssl=`` included), hence ``asyncio.open_connection``/``start_server``;
+``connect_accepted_socket`` and ``start_tls`` for rsock sockets and
+transports; ``sock_connect`` and ``sock_sendall`` on rsock sockets.  Anything
+else (AF_UNIX, kernel sockets, arguments rsock.asyncio does not take, a call
+made from another loop's thread) reaches the original method untouched.
+The methods are class attributes of ``asyncio.base_events.BaseEventLoop``,
+``asyncio.selector_events.BaseSelectorEventLoop`` and ``uvloop.Loop`` (a
+Python subclass of uvloop's Cython loop): set at ``patch()`` for modules
+already imported, else right after the module's first import (a
+``sys.meta_path`` finder wraps its loader), and removed by ``unpatch()``.
 """
 
 from __future__ import annotations
 
+import errno as _errno
+import functools
+import importlib.abc
+import importlib.machinery
+import inspect
 import socket as _std
 import sys
 import threading
+import types
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from rsock import _socket as _rs
@@ -163,6 +187,12 @@ def patch() -> None:
         _saved["socket"] = _std.__dict__["socket"]
         _std.socket = socket  # type: ignore[misc]
         _active = True
+        # the loops: now for modules already imported, at import for the others
+        sys.meta_path.insert(0, _finder)
+        for name in _LOOP_METHODS:
+            module = sys.modules.get(name)
+            if module is not None and not _initializing(module):
+                _patch_loops(module)
 
 
 def unpatch() -> None:
@@ -177,8 +207,486 @@ def unpatch() -> None:
         original = _saved.pop("socket")
         if _std.__dict__.get("socket") is socket:
             _std.socket = original  # type: ignore[misc]
+        while _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        for (cls, name), (before, wrapper) in reversed(list(_installed.items())):
+            if cls.__dict__.get(name) is not wrapper:
+                continue  # replaced by someone else since: theirs now
+            if before is _MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, before)
+        _installed.clear()
 
 
 def is_patched() -> bool:
     """True between ``patch()`` and ``unpatch()``."""
     return _active
+
+
+# --------------------------------------------------------------------------- asyncio
+#
+# The loop methods replaced while patched, per module and class.  Each wrapper
+# decides per call: rsock (rsock.asyncio, or the rsock-aware code below) or the
+# original method, called exactly as it was called.
+
+_LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
+    "asyncio.base_events": {
+        "BaseEventLoop": (
+            "create_connection",
+            "create_server",
+            "connect_accepted_socket",
+            "start_tls",
+        ),
+    },
+    "asyncio.selector_events": {
+        "BaseSelectorEventLoop": ("sock_connect", "sock_sendall"),
+    },
+    "uvloop": {
+        "Loop": (
+            "create_connection",
+            "create_server",
+            "connect_accepted_socket",
+            "start_tls",
+            "sock_connect",
+            "sock_sendall",
+        ),
+    },
+}
+
+_MISSING: Any = object()
+# (class, name) -> (what the class's own __dict__ held, _MISSING if nothing; our wrapper)
+_installed: dict[tuple[type, str], tuple[Any, Any]] = {}
+
+# keyword arguments rsock.asyncio takes (intersected with the original's own)
+_CONNECTION_KW = frozenset(
+    {
+        "ssl",
+        "family",
+        "proto",
+        "flags",
+        "sock",
+        "local_addr",
+        "server_hostname",
+        "ssl_handshake_timeout",
+        "ssl_shutdown_timeout",
+        "happy_eyeballs_delay",
+        "interleave",
+        "all_errors",
+    }
+)
+_SERVER_KW = frozenset(
+    {
+        "family",
+        "flags",
+        "sock",
+        "backlog",
+        "ssl",
+        "reuse_address",
+        "reuse_port",
+        "ssl_handshake_timeout",
+        "ssl_shutdown_timeout",
+        "start_serving",
+        "keep_alive",  # 3.13: SO_KEEPALIVE, which has no effect on an rsock connection
+    }
+)
+_ACCEPTED_KW = frozenset({"ssl", "ssl_handshake_timeout", "ssl_shutdown_timeout"})
+_START_TLS_KW = frozenset(
+    {"server_side", "server_hostname", "ssl_handshake_timeout", "ssl_shutdown_timeout"}
+)
+_TCP_FAMILIES = (0, int(_std.AF_INET), int(_std.AF_INET6))
+
+
+def _initializing(module: types.ModuleType) -> bool:
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _keywords(original: Any, supported: frozenset[str]) -> frozenset[str]:
+    """The keyword arguments a call may use and still be routed: those
+    rsock.asyncio takes that the original method takes too (a keyword the
+    loop does not know must reach it, to raise its own TypeError)."""
+    try:
+        params = inspect.signature(original).parameters
+    except (TypeError, ValueError):
+        return supported - {"happy_eyeballs_delay", "interleave", "all_errors", "keep_alive"}
+    return supported & frozenset(params)
+
+
+def _patch_loops(module: types.ModuleType) -> None:
+    """Installs the wrappers on ``module``'s loop classes (``_lock`` held)."""
+    for cls_name, names in _LOOP_METHODS.get(module.__name__, {}).items():
+        cls = getattr(module, cls_name, None)
+        if not isinstance(cls, type):
+            continue
+        for name in names:
+            if (cls, name) in _installed:
+                continue
+            original = getattr(cls, name, None)
+            if original is None:
+                continue
+            wrapper = _WRAPPERS[name](original)
+            _installed[(cls, name)] = (cls.__dict__.get(name, _MISSING), wrapper)
+            setattr(cls, name, wrapper)
+
+
+def _imported(module: types.ModuleType) -> None:
+    with _lock:
+        if _active:
+            _patch_loops(module)
+
+
+class _HookLoader(importlib.abc.Loader):
+    """The real loader of a module in ``_LOOP_METHODS``, plus the patching once
+    it has run.  The module and its spec get the real loader back first."""
+
+    def __init__(self, loader: Any, spec: importlib.machinery.ModuleSpec) -> None:
+        self._loader = loader
+        self._spec = spec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        module: types.ModuleType | None = self._loader.create_module(spec)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._spec.loader = self._loader
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._loader
+        self._loader.exec_module(module)
+        _imported(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a module in ``_LOOP_METHODS`` it asks the
+    finders after it and wraps the loader of what they found."""
+
+    def find_spec(
+        self, fullname: str, path: Any, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _LOOP_METHODS or not _active:
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _HookLoader(spec.loader, spec)
+        return spec
+
+
+_finder = _Finder()
+
+
+def _routable(loop: Any) -> bool:
+    """Route this call?  Only while patched, and only on the loop's own
+    thread with the loop running (rsock.asyncio works on the running loop)."""
+    if not _active:
+        return False
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _rsock_asyncio() -> Any:
+    from rsock import asyncio as rsa
+
+    return rsa
+
+
+def _wrap_create_connection(original: Any) -> Callable[..., Any]:
+    allowed = _keywords(original, _CONNECTION_KW)
+
+    @functools.wraps(original)
+    async def create_connection(
+        self: Any, protocol_factory: Any, host: Any = None, port: Any = None, *args: Any, **kw: Any
+    ) -> Any:
+        sock = kw.get("sock")
+        if (
+            args
+            or not allowed.issuperset(kw)
+            or kw.get("family", 0) not in _TCP_FAMILIES
+            or (
+                (host is not None or port is not None or not isinstance(sock, _rs.socket))
+                if sock is not None
+                else (host is None and port is None)
+            )
+            or not _routable(self)
+        ):
+            return await original(self, protocol_factory, host, port, *args, **kw)
+        _note("asyncio:create_connection")
+        transport, protocol = await _rsock_asyncio().create_connection(
+            protocol_factory, host, port, **kw
+        )
+        if sock is None:
+            made = transport.get_extra_info("socket")
+            _note(f"connect:{getattr(made, 'provider', None)}")
+        return transport, protocol
+
+    return create_connection
+
+
+def _wrap_create_server(original: Any) -> Callable[..., Any]:
+    allowed = _keywords(original, _SERVER_KW)
+
+    @functools.wraps(original)
+    async def create_server(
+        self: Any, protocol_factory: Any, host: Any = None, port: Any = None, *args: Any, **kw: Any
+    ) -> Any:
+        sock = kw.get("sock")
+        if (
+            args
+            or not allowed.issuperset(kw)
+            or kw.get("family", 0) not in _TCP_FAMILIES
+            or (
+                (host is not None or port is not None or not isinstance(sock, _rs.socket))
+                if sock is not None
+                else (host is None and port is None)
+            )
+            or not _routable(self)
+        ):
+            return await original(self, protocol_factory, host, port, *args, **kw)
+        _note("asyncio:create_server")
+        kw.pop("keep_alive", None)
+        start_serving = kw.pop("start_serving", True)
+        server = await _rsock_asyncio().create_server(
+            protocol_factory, host, port, start_serving=False, **kw
+        )
+        for s in server.sockets:
+            # what the patched socket.socket hands out: counts its accepts
+            if type(s) is _rs.socket:
+                s.__class__ = _TrackedSocket
+        if start_serving:
+            await server.start_serving()
+        return server
+
+    return create_server
+
+
+def _wrap_connect_accepted_socket(original: Any) -> Callable[..., Any]:
+    allowed = _keywords(original, _ACCEPTED_KW)
+
+    @functools.wraps(original)
+    async def connect_accepted_socket(
+        self: Any, protocol_factory: Any, sock: Any, *args: Any, **kw: Any
+    ) -> Any:
+        if (
+            args
+            or not isinstance(sock, _rs.socket)
+            or not allowed.issuperset(kw)
+            or not _routable(self)
+        ):
+            return await original(self, protocol_factory, sock, *args, **kw)
+        _note("asyncio:connect_accepted_socket")
+        return await _accepted_transport(self, protocol_factory, sock, **kw)
+
+    return connect_accepted_socket
+
+
+async def _accepted_transport(
+    loop: Any, protocol_factory: Any, sock: _rs.socket, ssl: Any = None, **tls: Any
+) -> Any:
+    """``connect_accepted_socket`` over an rsock socket: rsock.asyncio's
+    transport, with a server-side TLS layer when ``ssl`` is given."""
+    rsa = _rsock_asyncio()
+    ctx = rsa._ssl_context(ssl, server_side=True)
+    tls_args = rsa._ssl_args(tls)
+    rsa._check_timeouts(ctx, tls_args)
+    if ctx is None:
+        return await rsa.create_connection(protocol_factory, sock=sock)
+    from asyncio import sslproto
+
+    protocol = protocol_factory()
+    waiter = loop.create_future()
+    tls_proto = sslproto.SSLProtocol(loop, protocol, ctx, waiter, server_side=True, **tls_args)
+    transport = rsa.RsockTransport(loop, sock, tls_proto)
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        raise
+    return tls_proto._app_transport, protocol
+
+
+def _wrap_start_tls(original: Any) -> Callable[..., Any]:
+    allowed = _keywords(original, _START_TLS_KW)
+
+    @functools.wraps(original)
+    async def start_tls(
+        self: Any, transport: Any, protocol: Any, sslcontext: Any, *args: Any, **kw: Any
+    ) -> Any:
+        rsa = sys.modules.get("rsock.asyncio")  # no rsock transport without it
+        if (
+            args
+            or rsa is None
+            or not isinstance(transport, rsa.RsockTransport)
+            or not allowed.issuperset(kw)
+            or not _routable(self)
+        ):
+            return await original(self, transport, protocol, sslcontext, *args, **kw)
+        _note("asyncio:start_tls")
+        return await rsa.start_tls(transport, protocol, sslcontext, **kw)
+
+    return start_tls
+
+
+def _wrap_sock_connect(original: Any) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def sock_connect(self: Any, sock: Any, address: Any) -> None:
+        if not isinstance(sock, _rs.socket) or not _routable(self):
+            return await original(self, sock, address)  # type: ignore[no-any-return]
+        await _sock_connect(self, sock, address)
+
+    return sock_connect
+
+
+async def _sock_connect(loop: Any, sock: _rs.socket, address: Any) -> None:
+    """``loop.sock_connect`` for an rsock socket.  The loops wait for the
+    socket to poll writable, which rsock's fd never does; but rsock's
+    connect completes at once (from the listener's queue): a non-blocking
+    connect's outcome is there for the next ``connect``.  Only a full
+    backlog keeps it pending; then it is retried with a short backoff."""
+    import asyncio
+
+    if loop.get_debug() and sock.gettimeout() != 0:
+        raise ValueError("the socket must be non-blocking")
+    address = await _resolved(loop, sock, address)
+    try:
+        sock.connect(address)  # errors at once (EISCONN, refused, ...) as the loops
+        return
+    except (BlockingIOError, InterruptedError):
+        pass
+    delay = 0.001
+    while True:
+        err = sock.connect_ex(address)
+        if err == 0:
+            return
+        if err not in (_errno.EALREADY, _errno.EINPROGRESS, _errno.EINTR):
+            raise OSError(err, f"Connect call failed {address}")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+async def _resolved(loop: Any, sock: _rs.socket, address: Any) -> Any:
+    """The address resolved as the loops resolve it (numeric hosts as
+    they are, names through ``loop.getaddrinfo``, never blocking the loop)."""
+    if not isinstance(address, tuple) or len(address) < 2 or not isinstance(address[0], str):
+        return address  # sock.connect raises the stdlib's error
+    host, port = address[:2]
+    try:
+        _std.inet_pton(sock.family, host)
+        return address
+    except (OSError, ValueError):
+        pass
+    infos = await loop.getaddrinfo(
+        host, port, family=sock.family, type=_std.SOCK_STREAM, proto=sock.proto
+    )
+    if not infos:
+        raise OSError("getaddrinfo() returned empty list")
+    resolved = infos[0][4]
+    if sock.family == _std.AF_INET6 and len(address) > 2:
+        resolved = (*resolved[:2], *address[2:])
+    return resolved
+
+
+def _wrap_sock_sendall(original: Any) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def sock_sendall(self: Any, sock: Any, data: Any) -> None:
+        if not isinstance(sock, _rs.socket) or not _routable(self):
+            return await original(self, sock, data)  # type: ignore[no-any-return]
+        await _sock_sendall(self, sock, data)
+
+    return sock_sendall
+
+
+def _send_some(sock: _rs.socket, view: memoryview, pos: int) -> int:
+    """Sends from ``pos`` until done or the socket would block: the new pos."""
+    while pos < len(view):
+        try:
+            n = sock.send(view[pos:])
+        except (BlockingIOError, InterruptedError):
+            break
+        if n <= 0:
+            break
+        pos += n
+    return pos
+
+
+async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
+    """``loop.sock_sendall`` for an rsock socket.  The loops wait for the
+    fd to poll writable, which rsock's never does; instead the engine is
+    asked to make its notify fd readable while a send would not block
+    (interest POLLOUT, as rsock.asyncio's transport does), and that fd is
+    watched with a reader, with the liveness fd for a vanished peer.
+    ``fileno()`` itself stays free for a concurrent ``sock_recv``."""
+    from rsock import _lowlevel as _ll
+
+    if loop.get_debug() and sock.gettimeout() != 0:
+        raise ValueError("the socket must be non-blocking")
+    view = memoryview(data)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    pos = _send_some(sock, view, 0)
+    if pos == len(view):
+        return
+    sock.fileno()  # watch mode: the notify fd's readiness is exact
+    h = sock._h
+    if h is None:
+        raise OSError(_errno.EBADF, "Bad file descriptor")
+    nfd, lfd = _ll.notify_fds(h)
+    fut = loop.create_future()
+    live = [lfd]
+
+    def ready() -> None:
+        nonlocal pos
+        if fut.done():
+            return
+        try:
+            pos = _send_some(sock, view, pos)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            return
+        if pos == len(view):
+            fut.set_result(None)
+
+    def gone() -> None:
+        if live[0] >= 0:
+            loop.remove_reader(live[0])
+            live[0] = -1
+        if sock._h is h:
+            _ll.check_peer(h)
+        ready()
+
+    _ll.set_interest(h, _ll.POLLIN | _ll.POLLOUT)
+    try:
+        loop.add_reader(nfd, ready)
+        if lfd >= 0:
+            loop.add_reader(lfd, gone)
+        ready()  # space may have come back before the interest was set
+        await fut
+    finally:
+        loop.remove_reader(nfd)
+        if live[0] >= 0:
+            loop.remove_reader(live[0])
+        if sock._h is h:
+            _ll.set_interest(h, _ll.POLLIN)
+
+
+_WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
+    "create_connection": _wrap_create_connection,
+    "create_server": _wrap_create_server,
+    "connect_accepted_socket": _wrap_connect_accepted_socket,
+    "start_tls": _wrap_start_tls,
+    "sock_connect": _wrap_sock_connect,
+    "sock_sendall": _wrap_sock_sendall,
+}

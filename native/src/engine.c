@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,26 +101,77 @@ static void eng_set_detail(rsk_sock *s, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* Bumped in every child after fork(): sockets created before it are only
- * closed there, never used (their engine state is a stale copy of state
- * shared with the peer). */
-static unsigned eng_fork_gen;
+/*
+ * fork(): a connection then lives in two processes, as a kernel socket
+ * would, but its engine state (counters) is private to each.  Exactly one
+ * process may use it: the owner, a pid kept in shared memory (eng_claim).
+ * Accept-then-fork servers work: the child serves, the parent closes its
+ * copy without using it; whoever loses the claim gets EBADF.  A connection that crossed a fork never
+ * sends FIN or RESET on close() (another process may hold it; the peer
+ * learns from the liveness channel when the last holder is gone), but an
+ * explicit shutdown() does.
+ */
+static unsigned eng_fork_gen;  /* bumped in a child */
+static unsigned eng_fork_pgen; /* bumped in a parent */
+static uint32_t eng_pid;
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
+
+static void eng_atfork_parent(void)
+{
+	eng_fork_pgen++;
+}
 
 static void eng_atfork_child(void)
 {
 	eng_fork_gen++;
+	eng_pid = (uint32_t)getpid();
 }
 
 static void eng_init_once(void)
 {
-	pthread_atfork(NULL, NULL, eng_atfork_child);
+	eng_pid = (uint32_t)getpid();
+	pthread_atfork(NULL, eng_atfork_parent, eng_atfork_child);
 }
 
-/* Only connections hold shared state; listeners work in a child. */
+/* Has this connection crossed a fork (in this process's view)? */
 static int eng_forked(const rsk_sock *s)
 {
-	return s->kind == K_CONN && s->fork_gen != eng_fork_gen;
+	return s->kind == K_CONN && !s->released &&
+	       (s->fork_gen != eng_fork_gen || s->fork_pgen != eng_fork_pgen);
+}
+
+/* owner word: a pid, with OWNER_USED set once the creator has used the
+ * connection after a fork (pids are below 2^22) */
+#define OWNER_USED 0x80000000u
+
+/*
+ * May this process use a connection that crossed a fork?  The creator may
+ * as long as nobody claimed it (and marks it used); another process may
+ * claim it only while the creator has not touched it since the fork, so
+ * two processes' engine states never both drive one connection.  A claim
+ * is final: an owner that exits leaves the connection to nobody.
+ */
+static int eng_claim(rsk_sock *s)
+{
+	uint32_t *w = s->ops->owner_word(s->qp);
+	uint32_t o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+	uint32_t want;
+
+	if (eng_pid == s->creator) {
+		if (o == (s->creator | OWNER_USED))
+			return 1;
+		want = s->creator | OWNER_USED; /* first use since the fork */
+	} else {
+		if (o == eng_pid)
+			return 1;
+		want = eng_pid;
+	}
+	if (o != s->creator)
+		return 0; /* claimed by another process, or used by the creator */
+	if (__atomic_compare_exchange_n(w, &o, want, 0, __ATOMIC_ACQ_REL,
+					__ATOMIC_ACQUIRE))
+		return 1;
+	return o == want;
 }
 
 int rsk_socket(rsk_sock **out)
@@ -152,9 +204,13 @@ int rsk_socket(rsk_sock **out)
 static int eng_enter(rsk_sock *s)
 {
 	pthread_mutex_lock(&s->lock);
-	if (s->closed || eng_forked(s)) {
-		if (eng_forked(s))
-			eng_set_detail(s, "socket inherited across fork()");
+	if (s->closed) {
+		pthread_mutex_unlock(&s->lock);
+		return -EBADF;
+	}
+	if (eng_forked(s) && !eng_claim(s)) {
+		eng_set_detail(s, "connection in use by process %u (fork)",
+			       *s->ops->owner_word(s->qp));
 		pthread_mutex_unlock(&s->lock);
 		return -EBADF;
 	}
@@ -924,7 +980,7 @@ int rsk_poll(rsk_sock *s)
 	int rev = 0;
 
 	pthread_mutex_lock(&s->lock);
-	if (s->closed || eng_forked(s)) {
+	if (s->closed || (eng_forked(s) && !eng_claim(s))) {
 		pthread_mutex_unlock(&s->lock);
 		return RSK_POLLERR;
 	}
@@ -1061,6 +1117,9 @@ static int eng_attach(rsk_sock *s, struct cm_result *res)
 	res->qp = NULL;
 	res->live_fd = -1;
 	s->fork_gen = eng_fork_gen;
+	s->fork_pgen = eng_fork_pgen;
+	s->creator = eng_pid;
+	__atomic_store_n(s->ops->owner_word(s->qp), eng_pid, __ATOMIC_RELEASE);
 	s->kind = K_CONN;
 	s->flags = F_CONN;
 	return 0;

@@ -81,8 +81,9 @@ struct rsk_sock {
 	int watch;
 	int interest; /* RSK_POLLIN/RSK_POLLOUT that make the fd readable */
 	int kicked; /* we made our own notify fd readable */
-	unsigned fork_gen; /* eng_fork_gen when created: a forked child's copy
-			    * must never touch the shared rings */
+	unsigned fork_gen;  /* eng_fork_gen/eng_fork_pgen when connected: a */
+	unsigned fork_pgen; /* connection that crossed a fork is shared */
+	uint32_t creator;   /* pid that connected/accepted it */
 	int err;    /* sticky connection error (positive errno) */
 	int so_error;
 	struct rsk_opts opts;

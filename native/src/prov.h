@@ -55,6 +55,9 @@ struct prov_ops {
 	/* Make the notify fd readable ourselves (wake local waiters). */
 	void (*kick)(struct prov_qp *qp);
 	int (*notify_fd)(struct prov_qp *qp);
+	/* A shared word that both processes of a fork see (our own segment):
+	 * the pid of the process that uses the connection. */
+	uint32_t *(*owner_word)(struct prov_qp *qp);
 	/* Eventfd writes made to wake the peer. */
 	uint64_t (*notifies_sent)(struct prov_qp *qp);
 	void (*destroy)(struct prov_qp *qp);

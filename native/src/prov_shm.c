@@ -52,6 +52,7 @@ struct shm_hdr {
 	_Alignas(CL) uint32_t cq_cons; /* owner */
 	_Alignas(CL) uint32_t cq_prod; /* peer */
 	_Alignas(CL) uint32_t armed;   /* owner sets, peer clears */
+	_Alignas(CL) uint32_t owner_pid; /* the process using our half (fork) */
 };
 
 _Static_assert(sizeof(struct shm_hdr) <= SHM_CQ_OFF, "header too large");
@@ -494,6 +495,11 @@ static int shm_notify_fd(struct prov_qp *qp)
 	return qp->evfd;
 }
 
+static uint32_t *shm_owner_word(struct prov_qp *qp)
+{
+	return &qp->l.hdr->owner_pid;
+}
+
 static uint64_t shm_notifies_sent(struct prov_qp *qp)
 {
 	return qp->notifies;
@@ -529,6 +535,7 @@ const struct prov_ops shm_ops = {
 	.ack = shm_ack,
 	.kick = shm_kick,
 	.notify_fd = shm_notify_fd,
+	.owner_word = shm_owner_word,
 	.notifies_sent = shm_notifies_sent,
 	.destroy = shm_destroy,
 };

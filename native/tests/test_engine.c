@@ -566,9 +566,9 @@ static void t_watch_write_interest(void)
 	rsk_free(b);
 }
 
-/* A forked child's copy of a connection refuses use and closes silently:
- * the parent's connection goes on undisturbed. */
-static void t_fork_child_copy(void)
+/* Accept-then-fork: the child claims the connection the parent did not
+ * use after the fork, serves it, and the parent's close sends no FIN. */
+static void t_fork_child_serves(void)
 {
 	struct rsk_opts o = opts(1 << 16, 32);
 	rsk_sock *a, *b;
@@ -579,21 +579,64 @@ static void t_fork_child_copy(void)
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
 	pid = fork();
 	if (pid == 0) {
-		int ok = rsk_recv(a, buf, sizeof(buf), 0, 0) == -EBADF &&
-			 rsk_send(a, "x", 1, 0, 0) == -EBADF &&
-			 (rsk_poll(a) & RSK_POLLERR);
+		int ok = rsk_recv(a, buf, sizeof(buf), 0, 2000) == 3 &&
+			 rsk_send(a, "pong", 4, 0, 0) == 4 &&
+			 rsk_shutdown(a, RSK_SHUT_WR) == 0;
 
-		rsk_free(a);
+		_exit(ok ? 0 : 1);
+	}
+	CHECK(pid > 0);
+	/* the parent: a was handed to the child; b is still the parent's */
+	rsk_close(a);
+	CHECK_EQ(rsk_send(b, "abc", 3, 0, -1), 3);
+	CHECK_EQ(waitpid(pid, &st, 0), pid);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), RSK_F_WAITALL, 1000), 4);
+	CHECK(!memcmp(buf, "pong", 4));
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 1000), 0); /* the child's FIN */
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* The creator used the connection after the fork: the child may not. */
+static void t_fork_creator_keeps(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	char buf[8];
+	pid_t pid;
+	int st, p[2];
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(pipe(p), 0);
+	pid = fork();
+	if (pid == 0) {
+		char go;
+		int ok;
+
+		ok = read(p[0], &go, 1) == 1;
+		{
+			ssize_t r = rsk_send(a, "x", 1, 0, 0);
+			int pe = rsk_poll(a);
+
+			if (r != -EBADF || !(pe & RSK_POLLERR))
+				fprintf(stderr, "child: send %zd poll %d\n", r, pe);
+			ok = ok && r == -EBADF && (pe & RSK_POLLERR);
+		}
+		rsk_free(a); /* no FIN from here */
 		rsk_free(b);
 		_exit(ok ? 0 : 1);
 	}
 	CHECK(pid > 0);
+	CHECK_EQ(rsk_send(a, "abc", 3, 0, 0), 3); /* the creator uses it */
+	CHECK_EQ(write(p[1], "g", 1), 1);
 	CHECK_EQ(waitpid(pid, &st, 0), pid);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	CHECK_EQ(rsk_send(b, "abc", 3, 0, -1), 3);
-	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 1000), 3);
-	CHECK_EQ(rsk_send(a, "de", 2, 0, -1), 2);
-	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 1000), 2);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 1000), 3);
+	CHECK_EQ(rsk_send(b, "de", 2, 0, -1), 2);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 1000), 2);
+	close(p[0]);
+	close(p[1]);
 	rsk_free(a);
 	rsk_free(b);
 }
@@ -713,7 +756,8 @@ int main(void)
 	RUN(t_random_hostile_peer);
 	RUN(t_watch_fd);
 	RUN(t_watch_write_interest);
-	RUN(t_fork_child_copy);
+	RUN(t_fork_child_serves);
+	RUN(t_fork_creator_keeps);
 	RUN(t_stream_wrap_small_ring);
 	RUN(t_stream_default);
 	return th_summary();

@@ -1,0 +1,66 @@
+"""Accept-then-fork servers: the child serves the accepted connection, the
+parent closes its copy, and neither side's exit breaks the other's
+connections (socketserver.ForkingTCPServer, on both transports)."""
+
+from __future__ import annotations
+
+import os
+import socketserver
+import threading
+from types import ModuleType
+from typing import Any
+
+import pytest
+from support import recv_exact
+
+
+class Upper(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        for line in self.rfile:
+            self.wfile.write(f"{os.getpid()} ".encode() + line.upper())
+            self.wfile.flush()
+
+
+def forking_server(sockmod: ModuleType) -> socketserver.ForkingTCPServer:
+    srv = socketserver.ForkingTCPServer(("127.0.0.1", 0), Upper, bind_and_activate=False)
+    srv.socket.close()
+    srv.socket = sockmod.socket(srv.address_family, srv.socket_type)
+    srv.server_bind()
+    srv.server_activate()
+    return srv
+
+
+@pytest.mark.timeout_s(60)
+def test_forking_tcp_server(sockmod: ModuleType, transport: str) -> None:
+    srv = forking_server(sockmod)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
+    t.start()
+    clients: list[Any] = []
+    try:
+        pids = set()
+        for i in range(4):
+            c = sockmod.create_connection(srv.server_address, timeout=20)
+            clients.append(c)
+            if transport == "rsock":
+                assert c.provider == "shm"
+            c.sendall(b"hello %d\n" % i)
+        for i, c in enumerate(clients):
+            f = c.makefile("rb")
+            pid, _, rest = f.readline().partition(b" ")
+            assert rest == b"HELLO %d\n" % i
+            pids.add(int(pid))
+            # the parent closed its copy long ago: the child still talks
+            c.sendall(b"again\n")
+            assert f.readline().endswith(b"AGAIN\n")
+            f.close()
+        assert os.getpid() not in pids and len(pids) == 4  # each served by a child
+        for c in clients:
+            c.shutdown(1)  # SHUT_WR: the child sees EOF, answers with its own
+            assert recv_exact(c, 0) == b""
+            assert c.recv(16) == b""
+    finally:
+        for c in clients:
+            c.close()
+        srv.shutdown()
+        t.join(20)
+        srv.server_close()
