@@ -284,9 +284,11 @@ int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o)
 		return rc;
 	if ((rc = eng_enter(s)))
 		return rc;
-	/* ring geometry is fixed once connected; spin time is not */
+	/* ring geometry and inline size are fixed once connected; spin time
+	 * is not */
 	if (s->kind == K_CONN) {
-		if (n.ring_size != s->opts.ring_size || n.qdepth != s->opts.qdepth)
+		if (n.ring_size != s->opts.ring_size || n.qdepth != s->opts.qdepth ||
+		    n.inline_max != s->opts.inline_max)
 			rc = -EISCONN;
 		else
 			s->opts.spin_us = n.spin_us;
