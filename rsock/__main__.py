@@ -8,8 +8,8 @@
 module`` / ``python script.py`` / ``python -c command`` would run it: as
 ``__main__`` (through ``runpy``), with ``sys.argv`` and ``sys.path[0]`` set the
 same way.  Its exit status is ours.  ``--report FILE`` writes the patch's
-counters (rsock and stdlib sockets created, connections per provider) to FILE
-as JSON when the process exits.
+counters (rsock and stdlib sockets created, connections per provider, asyncio
+calls routed to rsock.asyncio) to FILE as JSON when the process exits.
 """
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ USAGE = """\
 usage: python -m rsock run [--report FILE] (-m module | -c command | script) [args...]
 
 Runs a Python program with rsock.patch() applied: its AF_INET/AF_INET6 SOCK_STREAM
-sockets are rsock sockets, every other socket a stdlib one.
+sockets are rsock sockets, every other socket a stdlib one; asyncio's TCP servers and
+connections (asyncio.start_server, open_connection, loop.create_server, ...; on
+asyncio's loops and on uvloop) run on rsock.asyncio.
 
   -m module      run a library module as a script (like python -m)
   -c command     run a program passed as a string (like python -c)
   script         run a script, a directory or a zip file with __main__.py
                  (- reads the program from standard input)
-  --report FILE  at exit, write the patch counters (sockets, connections per provider)
-                 to FILE as JSON
+  --report FILE  at exit, write the patch counters (sockets, connections per provider,
+                 routed asyncio calls) to FILE as JSON
 """
 
 

@@ -50,7 +50,6 @@ import errno as _errno
 import functools
 import importlib.abc
 import importlib.machinery
-import inspect
 import socket as _std
 import sys
 import threading
@@ -73,8 +72,9 @@ _active = False
 _saved: dict[str, Any] = {}
 
 # What went where, for tests and ``python -m rsock run --report``: sockets the
-# patched class created per transport, and connections made ("connect:<provider>")
-# and accepted ("accept:<provider>") by the rsock sockets it created.
+# patched class created per transport, connections made ("connect:<provider>")
+# and accepted ("accept:<provider>") by the rsock sockets it created or by the
+# asyncio calls routed to rsock.asyncio, and those calls ("asyncio:<method>").
 _counts: Counter[str] = Counter()
 _counts_lock = threading.Lock()
 
@@ -87,7 +87,10 @@ def _note(key: str) -> None:
 def counters() -> dict[str, int]:
     """A snapshot of the dispatch counters: ``rsock`` and ``stdlib`` (sockets
     the patched class created), ``connect:<provider>`` and
-    ``accept:<provider>`` (connections of those rsock sockets)."""
+    ``accept:<provider>`` (connections of those rsock sockets, and of the
+    routed asyncio calls), ``asyncio:<method>`` (loop calls routed to
+    rsock.asyncio: ``create_connection``, ``create_server``,
+    ``connect_accepted_socket``, ``start_tls``, ``sock_connect``)."""
     with _counts_lock:
         return dict(_counts)
 
@@ -179,7 +182,9 @@ class socket(_Std, metaclass=_SocketMeta):
 def patch() -> None:
     """Make ``socket.socket(AF_INET/AF_INET6, SOCK_STREAM)`` return
     ``rsock.socket`` for all code (stdlib modules included) that looks
-    ``socket.socket`` up after this call.  Idempotent."""
+    ``socket.socket`` up after this call, and route the event loops' TCP
+    entry points (asyncio's and uvloop's, imported now or later) to
+    rsock.asyncio.  Idempotent."""
     global _active
     with _lock:
         if _active:
@@ -188,6 +193,7 @@ def patch() -> None:
         _std.socket = socket  # type: ignore[misc]
         _active = True
         # the loops: now for modules already imported, at import for the others
+        # (a module that another thread is importing right now is missed)
         sys.meta_path.insert(0, _finder)
         for name in _LOOP_METHODS:
             module = sys.modules.get(name)
@@ -198,7 +204,9 @@ def patch() -> None:
 def unpatch() -> None:
     """Undo ``patch()``: ``socket.socket`` is the stdlib class again.  Sockets
     created meanwhile keep working; the patched class, where code kept a
-    reference to it, builds stdlib sockets only.  Idempotent."""
+    reference to it, builds stdlib sockets only.  The loop classes get their
+    own methods back (servers and transports made meanwhile keep running on
+    rsock.asyncio).  Idempotent."""
     global _active
     with _lock:
         if not _active:
@@ -306,6 +314,8 @@ def _keywords(original: Any, supported: frozenset[str]) -> frozenset[str]:
     """The keyword arguments a call may use and still be routed: those
     rsock.asyncio takes that the original method takes too (a keyword the
     loop does not know must reach it, to raise its own TypeError)."""
+    import inspect
+
     try:
         params = inspect.signature(original).parameters
     except (TypeError, ValueError):
@@ -385,6 +395,42 @@ class _Finder(importlib.abc.MetaPathFinder):
 _finder = _Finder()
 
 
+def _tcp_call(host: Any, port: Any, kw: dict[str, Any], server: bool) -> bool:
+    """Is this ``create_connection``/``create_server`` call one for rsock: a
+    TCP family, host/port or ``sock=`` an rsock socket (not both, not
+    neither), and TLS arguments that make sense?  Calls the loop would
+    reject go to the loop, which raises its own error."""
+    if kw.get("family", 0) not in _TCP_FAMILIES:
+        return False
+    sock = kw.get("sock")
+    if sock is not None:
+        if host is not None or port is not None or not isinstance(sock, _rs.socket):
+            return False
+    elif host is None and port is None:
+        return False
+    return _tls_ok(kw, server)
+
+
+def _tls_ok(kw: dict[str, Any], server: bool) -> bool:
+    """TLS arguments rsock.asyncio takes as the loop would: none without
+    ``ssl``; a context (or, for a client, True)."""
+    ssl = kw.get("ssl")
+    if not ssl:
+        tls_only = ("ssl_handshake_timeout", "ssl_shutdown_timeout", "server_hostname")
+        return all(kw.get(k) is None for k in tls_only)
+    if server or ssl is not True:
+        import ssl as _ssl
+
+        return isinstance(ssl, _ssl.SSLContext)
+    return True
+
+
+def _wraps(original: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """functools.wraps, but the wrapper keeps its own ``__module__``: the
+    name, docstring and signature (``__wrapped__``) are the original's."""
+    return functools.wraps(original, assigned=("__name__", "__qualname__", "__doc__"))
+
+
 def _routable(loop: Any) -> bool:
     """Route this call?  Only while patched, and only on the loop's own
     thread with the loop running (rsock.asyncio works on the running loop)."""
@@ -407,23 +453,18 @@ def _rsock_asyncio() -> Any:
 def _wrap_create_connection(original: Any) -> Callable[..., Any]:
     allowed = _keywords(original, _CONNECTION_KW)
 
-    @functools.wraps(original)
+    @_wraps(original)
     async def create_connection(
         self: Any, protocol_factory: Any, host: Any = None, port: Any = None, *args: Any, **kw: Any
     ) -> Any:
-        sock = kw.get("sock")
         if (
             args
             or not allowed.issuperset(kw)
-            or kw.get("family", 0) not in _TCP_FAMILIES
-            or (
-                (host is not None or port is not None or not isinstance(sock, _rs.socket))
-                if sock is not None
-                else (host is None and port is None)
-            )
+            or not _tcp_call(host, port, kw, server=False)
             or not _routable(self)
         ):
             return await original(self, protocol_factory, host, port, *args, **kw)
+        sock = kw.get("sock")
         _note("asyncio:create_connection")
         transport, protocol = await _rsock_asyncio().create_connection(
             protocol_factory, host, port, **kw
@@ -439,20 +480,14 @@ def _wrap_create_connection(original: Any) -> Callable[..., Any]:
 def _wrap_create_server(original: Any) -> Callable[..., Any]:
     allowed = _keywords(original, _SERVER_KW)
 
-    @functools.wraps(original)
+    @_wraps(original)
     async def create_server(
         self: Any, protocol_factory: Any, host: Any = None, port: Any = None, *args: Any, **kw: Any
     ) -> Any:
-        sock = kw.get("sock")
         if (
             args
             or not allowed.issuperset(kw)
-            or kw.get("family", 0) not in _TCP_FAMILIES
-            or (
-                (host is not None or port is not None or not isinstance(sock, _rs.socket))
-                if sock is not None
-                else (host is None and port is None)
-            )
+            or not _tcp_call(host, port, kw, server=True)
             or not _routable(self)
         ):
             return await original(self, protocol_factory, host, port, *args, **kw)
@@ -476,7 +511,7 @@ def _wrap_create_server(original: Any) -> Callable[..., Any]:
 def _wrap_connect_accepted_socket(original: Any) -> Callable[..., Any]:
     allowed = _keywords(original, _ACCEPTED_KW)
 
-    @functools.wraps(original)
+    @_wraps(original)
     async def connect_accepted_socket(
         self: Any, protocol_factory: Any, sock: Any, *args: Any, **kw: Any
     ) -> Any:
@@ -484,6 +519,7 @@ def _wrap_connect_accepted_socket(original: Any) -> Callable[..., Any]:
             args
             or not isinstance(sock, _rs.socket)
             or not allowed.issuperset(kw)
+            or not _tls_ok(kw, server=True)
             or not _routable(self)
         ):
             return await original(self, protocol_factory, sock, *args, **kw)
@@ -521,7 +557,7 @@ async def _accepted_transport(
 def _wrap_start_tls(original: Any) -> Callable[..., Any]:
     allowed = _keywords(original, _START_TLS_KW)
 
-    @functools.wraps(original)
+    @_wraps(original)
     async def start_tls(
         self: Any, transport: Any, protocol: Any, sslcontext: Any, *args: Any, **kw: Any
     ) -> Any:
@@ -541,10 +577,11 @@ def _wrap_start_tls(original: Any) -> Callable[..., Any]:
 
 
 def _wrap_sock_connect(original: Any) -> Callable[..., Any]:
-    @functools.wraps(original)
+    @_wraps(original)
     async def sock_connect(self: Any, sock: Any, address: Any) -> None:
         if not isinstance(sock, _rs.socket) or not _routable(self):
             return await original(self, sock, address)  # type: ignore[no-any-return]
+        _note("asyncio:sock_connect")
         await _sock_connect(self, sock, address)
 
     return sock_connect
@@ -600,7 +637,7 @@ async def _resolved(loop: Any, sock: _rs.socket, address: Any) -> Any:
 
 
 def _wrap_sock_sendall(original: Any) -> Callable[..., Any]:
-    @functools.wraps(original)
+    @_wraps(original)
     async def sock_sendall(self: Any, sock: Any, data: Any) -> None:
         if not isinstance(sock, _rs.socket) or not _routable(self):
             return await original(self, sock, data)  # type: ignore[no-any-return]
@@ -653,7 +690,7 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
             return
         try:
             pos = _send_some(sock, view, pos)
-        except BaseException as exc:
+        except Exception as exc:
             fut.set_exception(exc)
             return
         if pos == len(view):

@@ -428,16 +428,17 @@ def test_tls_over_stdlib_sockets_under_patch(tmp_path: Path, cert: tuple[str, st
     assert out.split() == ["TLS", "True"]
 
 
-@pytest.mark.xfail(
-    reason="asyncio's non-blocking connect waits for writability, which rsock's "
-    "fileno() never reports (README, Differences); rsock.asyncio is the way",
-    raises=AssertionError,
-    strict=False,
-)
-def test_asyncio_tcp_streams_under_patch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_asyncio_tcp_streams_under_patch(tmp_path: Path, loop: str) -> None:
+    """asyncio (and uvloop) imported under the patch: ``start_server`` and
+    ``open_connection`` go through rsock.asyncio (the loops' own transports
+    would wait for writability, which rsock's fd never reports)."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
     out = run_patched(
-        """
+        f"""
         import asyncio
+        from rsock import _patch
         async def main():
             async def handle(r, w):
                 w.write((await r.readline()).upper())
@@ -449,12 +450,19 @@ def test_asyncio_tcp_streams_under_patch(tmp_path: Path) -> None:
                 r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 3)
                 w.write(b"tcp\\n")
                 line = await asyncio.wait_for(r.readline(), 3)
+                provider = w.get_extra_info("socket").provider
                 w.close()
             finally:
                 srv.close()
-            return line
-        print(asyncio.run(main()).decode().strip())
+            return line.decode().strip(), provider
+        if {loop!r} == "uvloop":
+            import uvloop
+            print(*uvloop.run(main()))
+        else:
+            print(*asyncio.run(main()))
+        c = _patch.counters()
+        print(c["asyncio:create_server"], c["asyncio:create_connection"], c["accept:shm"])
         """,
         tmp_path,
     )
-    assert out.strip() == "TCP"
+    assert out.split() == ["TCP", "shm", "1", "1", "1"]

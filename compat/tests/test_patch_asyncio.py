@@ -1,0 +1,666 @@
+"""``rsock.patch()`` and asyncio: the loops' TCP entry points go through
+``rsock.asyncio`` on asyncio's loop and on uvloop, ``sock_*`` methods work on
+rsock sockets, everything else reaches the original methods, and
+``unpatch()`` puts every class back as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.base_events
+import asyncio.selector_events
+import inspect
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+import rsock
+import rsock.asyncio as rsa
+from rsock import _patch
+
+uvloop = pytest.importorskip("uvloop")
+
+T = TypeVar("T")
+STD_SOCKET = socket.socket
+LOOPS = ["asyncio", "uvloop"]
+CERTS = Path(__file__).resolve().parents[2] / "tests" / "certs"
+BaseEventLoop = asyncio.base_events.BaseEventLoop
+BaseSelectorEventLoop = asyncio.selector_events.BaseSelectorEventLoop
+ROUTED = {
+    BaseEventLoop: ("create_connection", "create_server", "connect_accepted_socket", "start_tls"),
+    BaseSelectorEventLoop: ("sock_connect", "sock_sendall"),
+    uvloop.Loop: (
+        "create_connection",
+        "create_server",
+        "connect_accepted_socket",
+        "start_tls",
+        "sock_connect",
+        "sock_sendall",
+    ),
+}
+
+
+@pytest.fixture
+def patched() -> Iterator[None]:
+    rsock.patch()
+    try:
+        yield
+    finally:
+        rsock.unpatch()
+
+
+@pytest.fixture(params=LOOPS)
+def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, T]], T]:
+    def runner(coro: Coroutine[Any, Any, T]) -> T:
+        if request.param == "uvloop":
+            return uvloop.run(asyncio.wait_for(coro, 30))  # type: ignore[no-any-return]
+        return asyncio.run(asyncio.wait_for(coro, 30))
+
+    return runner
+
+
+def delta(before: dict[str, int]) -> dict[str, int]:
+    """The counters' change, but for stdlib sockets (the loops' self-pipes)."""
+    after = _patch.counters()
+    return {
+        k: after[k] - before.get(k, 0)
+        for k in after
+        if after[k] != before.get(k, 0) and k != "stdlib"
+    }
+
+
+def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(CERTS / "localhost.crt"), str(CERTS / "localhost.key"))
+    client = ssl.create_default_context(cafile=str(CERTS / "localhost.crt"))
+    return server, client
+
+
+async def upper_handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    while line := await r.readline():
+        w.write(line.upper())
+        await w.drain()
+    w.close()
+
+
+def port_of(server: Any) -> int:
+    return int(server.sockets[0].getsockname()[1])
+
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+class Collect(asyncio.Protocol):
+    def __init__(self, want: int) -> None:
+        self.data = bytearray()
+        self.want = want
+        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+        if len(self.data) >= self.want and not self.done.done():
+            self.done.set_result(bytes(self.data))
+
+
+# --------------------------------------------------------------------------- routed
+
+
+def test_streams_go_through_rsock(patched: None, run: Any) -> None:
+    before = _patch.counters()
+
+    async def main() -> None:
+        server = await asyncio.start_server(upper_handler, "127.0.0.1", 0, limit=1 << 20)
+        async with server:
+            assert isinstance(server, rsa.RsockServer)
+            assert all(isinstance(s, rsock.socket) for s in server.sockets)
+            r, w = await asyncio.open_connection("127.0.0.1", port_of(server), limit=1 << 20)
+            assert isinstance(w.transport, rsa.RsockTransport)
+            assert w.get_extra_info("socket").provider == "shm"
+            payload = b"x" * 300_000 + b"\n"  # more than the transport buffers at once
+            for _ in range(3):
+                w.write(b"hello\n" + payload)
+                assert await r.readline() == b"HELLO\n"
+                assert await r.readline() == payload.upper()
+            w.close()
+            await w.wait_closed()
+
+    run(main())
+    assert delta(before) == {
+        "asyncio:create_server": 1,
+        "asyncio:create_connection": 1,
+        "connect:shm": 1,
+        "accept:shm": 1,
+    }
+
+
+def test_protocols_host_port_and_rsock_sock(patched: None, run: Any) -> None:
+    """``loop.create_server``/``create_connection`` with host/port, and with
+    ``sock=`` an rsock socket (what ``socket.socket()`` gives under the patch)."""
+    before = _patch.counters()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Echo, "127.0.0.1", 0)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        server2 = await loop.create_server(Echo, sock=listener)
+        assert server2.sockets[0] is listener
+        client = socket.socket()
+        client.connect(server2.sockets[0].getsockname())
+        async with server, server2:
+            for kw in (
+                {"host": "127.0.0.1", "port": port_of(server)},
+                {"sock": client},
+            ):
+                t, p = await loop.create_connection(lambda: Collect(100_000), **kw)
+                assert isinstance(t, rsa.RsockTransport), kw
+                t.write(os.urandom(50_000))
+                t.write(b"y" * 50_000)
+                got = await p.done
+                assert len(got) == 100_000 and got.endswith(b"y" * 50_000)
+                t.close()
+
+    run(main())
+    assert delta(before) == {
+        "rsock": 2,
+        "asyncio:create_server": 2,
+        "asyncio:create_connection": 2,
+        "connect:shm": 2,  # the one made by create_connection, and client.connect
+        "accept:shm": 2,
+    }
+
+
+def test_tls_streams_and_start_tls(patched: None, run: Any) -> None:
+    server_ctx, client_ctx = tls_contexts()
+
+    async def starttls_handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        assert await r.readline() == b"STARTTLS\n"
+        w.write(b"GO\n")
+        await w.drain()
+        await w.start_tls(server_ctx)
+        await upper_handler(r, w)
+
+    async def main() -> None:
+        server = await asyncio.start_server(upper_handler, "127.0.0.1", 0, ssl=server_ctx)
+        plain = await asyncio.start_server(starttls_handler, "127.0.0.1", 0)
+        async with server, plain:
+            r, w = await asyncio.open_connection(
+                "127.0.0.1", port_of(server), ssl=client_ctx, server_hostname="localhost"
+            )
+            assert w.get_extra_info("peercert")["subject"] == ((("commonName", "localhost"),),)
+            assert w.get_extra_info("socket").provider == "shm"
+            w.write(b"secret\n")
+            assert await r.readline() == b"SECRET\n"
+            w.close()
+            await w.wait_closed()
+
+            r, w = await asyncio.open_connection("127.0.0.1", port_of(plain))
+            w.write(b"STARTTLS\n")
+            assert await r.readline() == b"GO\n"
+            await w.start_tls(client_ctx, server_hostname="localhost")
+            assert w.get_extra_info("sslcontext") is client_ctx
+            w.write(b"upgraded\n")
+            assert await r.readline() == b"UPGRADED\n"
+            w.close()
+            await w.wait_closed()
+
+    before = _patch.counters()
+    run(main())
+    assert delta(before).get("asyncio:start_tls") == 2
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_connect_accepted_socket(patched: None, run: Any, tls: bool) -> None:
+    """An rsock socket accepted by hand, and its client, each handed to the
+    loop (TLS: both handshakes run at once)."""
+    server_ctx, client_ctx = tls_contexts()
+    server_kw: dict[str, Any] = {"ssl": server_ctx} if tls else {}
+    client_kw: dict[str, Any] = {"ssl": client_ctx, "server_hostname": "localhost"} if tls else {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.socket()
+        client.connect(listener.getsockname())  # completes from the listen queue
+        conn, _ = listener.accept()
+        listener.close()
+        assert isinstance(conn, rsock.socket)
+        (st, _), (ct, cp) = await asyncio.gather(
+            loop.connect_accepted_socket(Echo, conn, **server_kw),
+            loop.create_connection(lambda: Collect(200_000), sock=client, **client_kw),
+        )
+        assert st.get_extra_info("socket") is conn and conn.provider == "shm"
+        assert st.get_extra_info("sslcontext") is (server_ctx if tls else None)
+        ct.write(os.urandom(200_000))
+        assert len(await cp.done) == 200_000
+        ct.close()
+        st.close()
+
+    before = _patch.counters()
+    run(main())
+    assert delta(before) == {
+        "rsock": 2,
+        "connect:shm": 1,
+        "accept:shm": 1,
+        "asyncio:connect_accepted_socket": 1,
+        "asyncio:create_connection": 1,
+    }
+
+
+def test_sock_methods(patched: None, run: Any) -> None:
+    """sock_accept/sock_recv/sock_recv_into wait for readability, which rsock's
+    fd reports; sock_connect and sock_sendall are routed (they would wait
+    for writability).  12 MiB through a 4 MiB ring, with a concurrent
+    sock_recv on the sending socket."""
+    size = 12 << 20
+    before = _patch.counters()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        client = socket.socket()
+        client.setblocking(False)
+        accepted = asyncio.ensure_future(loop.sock_accept(listener))
+        await loop.sock_connect(client, ("localhost", listener.getsockname()[1]))
+        conn, _ = await accepted
+        conn.setblocking(False)
+        data = os.urandom(size)
+
+        async def reader() -> bytes:
+            got = bytearray()
+            buf = bytearray(1 << 16)
+            while len(got) < size:
+                if len(got) % 2:
+                    n = await loop.sock_recv_into(conn, buf)
+                    assert n
+                    got += buf[:n]
+                else:
+                    chunk = await loop.sock_recv(conn, 1 << 16)
+                    assert chunk
+                    got += chunk
+            return bytes(got)
+
+        back = asyncio.ensure_future(loop.sock_recv(client, 100))
+        received = asyncio.ensure_future(reader())
+        await loop.sock_sendall(client, data)
+        assert await received == data
+        assert not back.done()
+        await loop.sock_sendall(conn, memoryview(b"back"))
+        assert await back == b"back"
+        for s in (client, conn, listener):
+            s.close()
+
+    run(main())
+    assert delta(before) == {
+        "rsock": 2,
+        "asyncio:sock_connect": 1,
+        "connect:shm": 1,
+        "accept:shm": 1,
+    }
+
+
+def test_sock_sendall_cancelled_or_peer_gone(patched: None, run: Any) -> None:
+    """A sock_sendall waiting for ring space: cancelled, it leaves no reader
+    behind and the socket works on; when the peer closes, it fails."""
+    from rsock import _lowlevel
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.socket()
+        client.connect(listener.getsockname())
+        conn, _ = listener.accept()
+        listener.close()
+        client.setblocking(False)
+        conn.setblocking(False)
+        big = bytes(16 << 20)  # more than the ring: nobody reads yet
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(loop.sock_sendall(client, big), 0.3)
+        assert client._h is not None
+        nfd, lfd = _lowlevel.notify_fds(client._h)
+        assert not loop.remove_reader(nfd) and not loop.remove_reader(lfd)
+        # the other way still works, and the sender can go on after a drain
+        await loop.sock_sendall(conn, b"pong")
+        assert await loop.sock_recv(client, 10) == b"pong"
+        while True:
+            try:
+                if not conn.recv(1 << 20):
+                    break
+            except BlockingIOError:
+                break
+        await loop.sock_sendall(client, b"more")
+        # blocked again, then the peer goes away
+        sending = asyncio.ensure_future(loop.sock_sendall(client, big))
+        await asyncio.sleep(0.05)
+        assert not sending.done()
+        conn.close()
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            await asyncio.wait_for(sending, 10)
+        client.close()
+
+    run(main())
+
+
+def test_sock_sendfile_falls_back_to_sock_sendall(patched: None, tmp_path: Path) -> None:
+    """asyncio's sock_sendfile: os.sendfile cannot write to rsock's fd, so the
+    loop falls back to its sock_sendall, the routed one (uvloop has no
+    sock_sendfile)."""
+    data = os.urandom(9 << 20)
+    path = tmp_path / "file"
+    path.write_bytes(data)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.socket()
+        client.connect(listener.getsockname())
+        conn, _ = listener.accept()
+        listener.close()
+        client.setblocking(False)
+        conn.setblocking(False)
+
+        async def reader() -> bytes:
+            got = bytearray()
+            while len(got) < len(data):
+                chunk = await loop.sock_recv(conn, 1 << 20)
+                assert chunk
+                got += chunk
+            return bytes(got)
+
+        received = asyncio.ensure_future(reader())
+        with open(path, "rb") as f:
+            assert await loop.sock_sendfile(client, f) == len(data)
+        assert await received == data
+        client.close()
+        conn.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_sock_connect_refused(patched: None, run: Any) -> None:
+    with STD_SOCKET() as k:
+        k.bind(("127.0.0.1", 0))
+        port = k.getsockname()[1]  # nothing listens there
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        with socket.socket() as s:
+            s.setblocking(False)
+            with pytest.raises(ConnectionRefusedError):
+                await loop.sock_connect(s, ("127.0.0.1", port))
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", port)
+
+    run(main())
+
+
+def test_sock_methods_debug_mode_wants_non_blocking(patched: None, run: Any) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(True)
+        with socket.socket() as s:
+            assert isinstance(s, rsock.socket)
+            with pytest.raises(ValueError, match="non-blocking"):
+                await loop.sock_connect(s, ("127.0.0.1", 9))
+            with pytest.raises(ValueError, match="non-blocking"):
+                await loop.sock_sendall(s, b"x")
+
+    run(main())
+
+
+# --------------------------------------------------------------------------- untouched
+
+
+def test_unix_and_kernel_sockets_reach_the_original(
+    patched: None, run: Any, tmp_path: Path
+) -> None:
+    before = _patch.counters()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        path = str(tmp_path / "s")
+        server = await asyncio.start_unix_server(upper_handler, path)
+        async with server:
+            r, w = await asyncio.open_unix_connection(path)
+            assert not isinstance(w.transport, rsa.RsockTransport)
+            w.write(b"unix\n")
+            assert await r.readline() == b"UNIX\n"
+            w.close()
+        # kernel TCP sockets given with sock=: the loop's own transports
+        k = STD_SOCKET()
+        k.bind(("127.0.0.1", 0))
+        k.listen()
+        server = await loop.create_server(Echo, sock=k)
+        async with server:
+            assert server.sockets[0].fileno() == k.fileno()
+            c = STD_SOCKET()
+            c.setblocking(False)
+            await loop.sock_connect(c, k.getsockname())
+            t, p = await loop.create_connection(lambda: Collect(5), sock=c)
+            assert not isinstance(t, rsa.RsockTransport)
+            t.write(b"kernel"[:5])
+            assert await p.done == b"kerne"
+            t.close()
+
+    run(main())
+    assert not {k for k in delta(before) if k.startswith(("asyncio:", "connect:", "accept:"))}
+
+
+def _errors(calls: list[Callable[[], Any]], loop_name: str) -> list[tuple[str, str]]:
+    async def main() -> list[tuple[str, str]]:
+        out = []
+        for call in calls:
+            try:
+                await call()
+            except BaseException as e:  # noqa: BLE001 - comparing what is raised
+                out.append((type(e).__name__, str(e)))
+            else:
+                out.append(("", ""))
+        return out
+
+    if loop_name == "uvloop":
+        return uvloop.run(main())  # type: ignore[no-any-return]
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_calls_that_do_not_fit_raise_what_the_loop_raises(loop_name: str) -> None:
+    """Unknown keywords, AF_UNIX, host with sock=, nothing to connect to: the
+    original method answers, with its own error."""
+
+    def calls() -> list[Callable[[], Any]]:
+        def loop() -> Any:
+            return asyncio.get_running_loop()
+
+        server_ctx, _ = tls_contexts()
+
+        def fresh() -> Any:
+            s = socket.socket()  # rsock under the patch
+            made.append(s)
+            return s
+
+        return [
+            lambda: loop().create_connection(asyncio.Protocol, "127.0.0.1", 1, bogus=1),
+            lambda: loop().create_server(asyncio.Protocol, "127.0.0.1", 0, bogus=1),
+            lambda: loop().create_connection(asyncio.Protocol),
+            lambda: loop().create_server(asyncio.Protocol),
+            lambda: asyncio.open_connection("127.0.0.1", 1, bogus=2),
+            lambda: asyncio.start_server(upper_handler, "127.0.0.1", 0, bogus=2),
+            lambda: loop().create_connection(asyncio.Protocol, "/x", 1, family=socket.AF_UNIX),
+            lambda: loop().create_connection(asyncio.Protocol, "127.0.0.1", 1, server_hostname="a"),
+            lambda: loop().create_connection(
+                asyncio.Protocol, "127.0.0.1", 1, ssl_handshake_timeout=1
+            ),
+            lambda: loop().create_server(asyncio.Protocol, "127.0.0.1", 0, ssl=True),
+            lambda: loop().create_server(
+                asyncio.Protocol, "127.0.0.1", 0, ssl_shutdown_timeout=1
+            ),
+            lambda: loop().create_connection(asyncio.Protocol, ssl=server_ctx, sock=fresh()),
+        ]
+
+    made: list[Any] = []
+    try:
+        oracle = _errors(calls(), loop_name)
+        rsock.patch()
+        try:
+            under_patch = _errors(calls(), loop_name)
+        finally:
+            rsock.unpatch()
+    finally:
+        for s in made:
+            s.close()
+    assert under_patch == oracle
+    assert all(kind for kind, _ in oracle), oracle
+
+
+# --------------------------------------------------------------------------- patch state
+
+
+def test_unpatch_restores_the_loop_classes_exactly() -> None:
+    def state() -> list[Any]:
+        return [list(sys.meta_path)] + [dict(vars(cls)) for cls in ROUTED]
+
+    before = state()
+    originals = {(cls, n): getattr(cls, n) for cls, names in ROUTED.items() for n in names}
+    rsock.patch()
+    try:
+        for (cls, name), original in originals.items():
+            wrapper = vars(cls)[name]
+            assert wrapper is not original and wrapper.__module__ == "rsock._patch"
+            assert inspect.iscoroutinefunction(wrapper), name
+            assert inspect.signature(wrapper) == inspect.signature(original), name
+            assert wrapper.__doc__ == original.__doc__
+        rsock.patch()  # idempotent
+        assert {k: vars(k[0])[k[1]] for k in originals} == {
+            k: vars(k[0])[k[1]] for k in originals
+        }
+    finally:
+        rsock.unpatch()
+    after = state()
+    assert after[0] == before[0]
+    for cls, b, a in zip(ROUTED, before[1:], after[1:], strict=True):
+        assert a.keys() == b.keys(), cls
+        assert all(a[k] is b[k] for k in a), cls
+    rsock.unpatch()
+    assert state()[0] == before[0]
+
+
+def test_after_unpatch_the_loops_make_tcp_again(run: Any) -> None:
+    rsock.patch()
+    rsock.unpatch()
+
+    async def main() -> None:
+        server = await asyncio.start_server(upper_handler, "127.0.0.1", 0)
+        async with server:
+            assert not isinstance(server, rsa.RsockServer)
+            r, w = await asyncio.open_connection("127.0.0.1", port_of(server))
+            assert type(w.get_extra_info("socket")) is not rsock.socket
+            w.write(b"tcp\n")
+            assert await r.readline() == b"TCP\n"
+            w.close()
+
+    run(main())
+
+
+def run_fresh(code: str, tmp_path: Path, *argv: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, *argv, "-c", textwrap.dedent(code)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout
+
+
+def test_asyncio_and_uvloop_imported_after_patch(tmp_path: Path) -> None:
+    """``python -m rsock run`` patches before the program imports asyncio or
+    uvloop: the classes are patched when they are first imported, and the
+    modules keep their own loader."""
+    out = run_fresh(
+        """
+        import sys
+        assert "asyncio" not in sys.modules and "uvloop" not in sys.modules
+        import asyncio, uvloop, rsock
+        from asyncio.base_events import BaseEventLoop
+        from asyncio.selector_events import BaseSelectorEventLoop
+        for cls in (BaseEventLoop, BaseSelectorEventLoop, uvloop.Loop):
+            for name in ("create_connection", "sock_sendall"):
+                if name in vars(cls):
+                    assert vars(cls)[name].__module__ == "rsock._patch", (cls, name)
+        assert "create_connection" in vars(BaseEventLoop)
+        assert "create_connection" in vars(uvloop.Loop)
+        for m in (asyncio.base_events, asyncio.selector_events, uvloop):
+            assert type(m.__loader__).__module__ != "rsock._patch", m
+            assert m.__spec__.loader is m.__loader__, m
+
+        async def main():
+            async def handle(r, w):
+                w.write((await r.readline()).upper())
+                await w.drain()
+                w.close()
+            srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+            async with srv:
+                r, w = await asyncio.open_connection("127.0.0.1", srv.sockets[0].getsockname()[1])
+                w.write(b"fast\\n")
+                line = await r.readline()
+                print(line.decode().strip(), w.get_extra_info("socket").provider)
+                w.close()
+        uvloop.run(main())
+        asyncio.run(main())
+        rsock.unpatch()
+        assert "create_connection" not in vars(uvloop.Loop)
+        assert vars(BaseEventLoop)["create_connection"].__module__ == "asyncio.base_events"
+        assert not any(type(f).__module__ == "rsock._patch" for f in sys.meta_path)
+        print("ok")
+        """,
+        tmp_path,
+        "-m",
+        "rsock",
+        "run",
+    )
+    assert out.split() == ["FAST", "shm", "FAST", "shm", "ok"]
+
+
+def test_patch_unpatch_before_import_leaves_no_trace(tmp_path: Path) -> None:
+    out = run_fresh(
+        """
+        import sys
+        meta = list(sys.meta_path)
+        import rsock
+        rsock.patch()
+        rsock.unpatch()
+        assert sys.meta_path == meta
+        import asyncio.selector_events, uvloop
+        assert "create_connection" not in vars(uvloop.Loop)
+        assert vars(asyncio.base_events.BaseEventLoop)["create_server"].__module__ == (
+            "asyncio.base_events"
+        )
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "ok"
