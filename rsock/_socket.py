@@ -1373,10 +1373,8 @@ class _TcpSocket(socket):
         self._io_refs = 0
         self._h = None
         self._k = k
-        self._timeout = _std.getdefaulttimeout()
-        if self._timeout is None and parent.gettimeout():
-            self._timeout = None
-        k.settimeout(self._timeout)
+        # the kernel's accept already applied the stdlib's timeout rule
+        self._timeout = k.gettimeout()
         return self
 
     def _kernel(self) -> _std.socket:
@@ -1416,12 +1414,14 @@ class _TcpSocket(socket):
         return repr(k).replace("<socket.socket", "<rsock.socket", 1)[:-1] + ", provider='tcp'>"
 
     def settimeout(self, value: float | None, /) -> None:
-        super().settimeout(value)
-        self._kernel().settimeout(self._timeout)
+        k = self._kernel()
+        k.settimeout(value)  # the stdlib validates
+        self._timeout = k.gettimeout()
 
     def setblocking(self, flag: bool, /) -> None:
-        super().setblocking(flag)
-        self._kernel().setblocking(flag)
+        k = self._kernel()
+        k.setblocking(flag)
+        self._timeout = k.gettimeout()
 
     def dup(self) -> _TcpSocket:
         return _TcpSocket._wrap(self, self._kernel().dup())

@@ -32,9 +32,6 @@
 #define CM_MAGIC 0x434b5352u /* "RSKC" little-endian */
 #define CM_REQ 1
 #define CM_REJ 3
-/* a connecting client sends REQ right after connect(); a listener waits
- * at most this long for it before dropping the attempt */
-#define CM_REQ_WAIT_MS 1000
 
 struct cm_msg {
 	uint32_t magic;
@@ -281,16 +278,10 @@ void cm_result_release(struct cm_result *res)
 	res->live_fd = -1;
 }
 
-int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
-		  char *detail, size_t dlen)
+int cm_accept_conn(int lfd, char *detail, size_t dlen)
 {
-	struct cm_msg req;
-	int fd, fds[CM_REQ_FDS], rc, i;
+	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 
-	(void)o; /* the client sized our half (README: differences) */
-	memset(res, 0, sizeof(*res));
-	res->live_fd = -1;
-	fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
 	if (fd < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
 	if (!cm_peer_uid_ok(fd)) {
@@ -299,11 +290,30 @@ int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
 		close(fd);
 		return -EACCES;
 	}
-	rc = cm_recv(fd, &req, fds, CM_REQ_WAIT_MS);
+	return fd;
+}
+
+int cm_req_ready(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, 0) > 0;
+}
+
+int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
+		  char *detail, size_t dlen)
+{
+	struct cm_msg req;
+	int fds[CM_REQ_FDS], rc, i;
+
+	(void)o; /* the client sized our half (README: differences) */
+	memset(res, 0, sizeof(*res));
+	res->live_fd = -1;
+	rc = cm_recv(fd, &req, fds, 0);
 	if (rc) {
 		snprintf(detail, dlen, "handshake: bad or missing request");
 		close(fd);
-		return rc;
+		return rc == -ETIMEDOUT ? -EPROTO : rc;
 	}
 	rc = cm_check(&req, CM_REQ, detail, dlen);
 	if (rc)
@@ -320,10 +330,6 @@ int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
 	fds[0] = fds[1] = -1; /* consumed */
 	if (rc) {
 		snprintf(detail, dlen, "handshake: cannot map the client's ring");
-		goto reject;
-	}
-	if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0) {
-		rc = -errno;
 		goto reject;
 	}
 	res->area = shm_qp_area(res->qp);

@@ -541,7 +541,7 @@ static void eng_check_live(rsk_sock *s)
 		eng_fail(s, ECONNRESET, 1,
 			 "protocol violation: data on the liveness channel");
 	else if (!(s->flags & F_PEER_FIN) && !(s->flags & F_DEAD))
-		eng_set_detail(s, "peer vanished without closing");
+		eng_fail(s, ECONNRESET, 0, "peer vanished without closing");
 	pthread_cond_broadcast(&s->cond);
 }
 
@@ -739,13 +739,23 @@ static int recv_ready(const rsk_sock *s)
 	return !s->rx_busy && eng_readable(s);
 }
 
+/* A dead connection reports its error once (as TCP reports a reset once,
+ * then EOF and EPIPE); SO_ERROR may take it first. */
+static int eng_take_dead(rsk_sock *s, int after)
+{
+	int e = s->so_error;
+
+	s->so_error = 0;
+	return e ? -e : after;
+}
+
 /* Error a send should report now, or 0. */
-static int send_error(const rsk_sock *s)
+static int send_error(rsk_sock *s)
 {
 	if (s->kind != K_CONN)
 		return -EPIPE;
 	if (s->flags & F_DEAD)
-		return -s->err;
+		return eng_take_dead(s, -EPIPE);
 	if (s->flags & F_WR_SHUT)
 		return -EPIPE;
 	if (s->flags & F_PEER_GONE)
@@ -801,7 +811,7 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 				      ring_off(s->s_tail, s->peer_rsize),
 			      IMM(OP_DATA, n), n <= s->opts.inline_max);
 		if (rc) {
-			rc = -s->err;
+			rc = eng_take_dead(s, -EPIPE);
 			break;
 		}
 		s->s_tail += n;
@@ -821,7 +831,7 @@ static int recv_end(rsk_sock *s)
 	if (s->kind != K_CONN)
 		return -ENOTCONN;
 	if (s->flags & F_DEAD)
-		return -s->err;
+		return eng_take_dead(s, 0);
 	if (s->flags & (F_PEER_FIN | F_RD_SHUT))
 		return 0;
 	if (s->flags & F_PEER_GONE)
@@ -941,6 +951,10 @@ int rsk_recv_done(rsk_sock *s, size_t n)
 			rc = -EINVAL;
 		else
 			eng_consume(s, n);
+		/* a receiver that slept as fd waiter while we held the head
+		 * must look again: wake it */
+		if (s->fd_waiter && s->kind == K_CONN)
+			s->ops->kick(s->qp);
 	}
 	pthread_cond_broadcast(&s->cond);
 	eng_leave(s); /* drops the user taken by rsk_recv_zc */
@@ -971,6 +985,10 @@ int rsk_shutdown(rsk_sock *s, int how)
 			s->pending |= P_FIN;
 			eng_progress(s);
 			eng_flush_ctrl(s);
+			/* a sender blocked in another thread fails now (EPIPE) */
+			pthread_cond_broadcast(&s->cond);
+			if (s->fd_waiter)
+				s->ops->kick(s->qp);
 		}
 	}
 	eng_leave(s);
@@ -1193,6 +1211,90 @@ static int eng_xfd_ready(const rsk_sock *s)
 	return s->xfd >= 0 && poll(&p, 1, 0) > 0;
 }
 
+static void eng_pend_drop(rsk_sock *s, int i, int close_it)
+{
+	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->pend[i], NULL);
+	if (close_it)
+		close(s->pend[i]);
+	s->npend--;
+	s->pend[i] = s->pend[s->npend];
+	s->pend_until[i] = s->pend_until[s->npend];
+}
+
+/*
+ * One step of accepting, never blocking: a pending client whose REQ has
+ * arrived is handshaken; new clients are taken off the listening fds and
+ * either handshaken at once or parked until their REQ comes (the parked
+ * fds are in epfd, so the listener turns readable then).  Returns 0 with
+ * *res, -EAGAIN if nothing is ready, or -ENOMEM/-EMFILE/-ENFILE.
+ */
+static int eng_accept_step(rsk_sock *s, struct cm_result *res)
+{
+	int64_t now = eng_now_ns();
+	int i, fd, rc;
+
+	for (i = 0; i < s->npend;) {
+		fd = s->pend[i];
+		if (cm_req_ready(fd)) {
+			eng_pend_drop(s, i, 0);
+			if (cm_accept_req(fd, &s->opts, res, s->detail,
+					  sizeof(s->detail)) == 0)
+				return 0;
+			continue; /* a bad client costs only itself */
+		}
+		if (now >= s->pend_until[i]) {
+			eng_pend_drop(s, i, 1); /* silent for too long */
+			continue;
+		}
+		i++;
+	}
+	for (i = 0; i < s->nlfd; i++) {
+		for (;;) {
+			struct epoll_event ev = { .events = EPOLLIN };
+
+			fd = cm_accept_conn(s->lfd[i], s->detail, sizeof(s->detail));
+			if (fd == -EAGAIN)
+				break;
+			if (fd == -EMFILE || fd == -ENFILE || fd == -ENOMEM)
+				return fd;
+			if (fd < 0)
+				continue;
+			if (cm_req_ready(fd)) {
+				rc = cm_accept_req(fd, &s->opts, res, s->detail,
+						   sizeof(s->detail));
+				if (rc == 0)
+					return 0;
+				continue;
+			}
+			if (s->npend == RSK_MAX_PEND) {
+				close(fd); /* too many silent clients */
+				continue;
+			}
+			ev.data.fd = fd;
+			if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+				close(fd);
+				continue;
+			}
+			s->pend[s->npend] = fd;
+			s->pend_until[s->npend++] = now + CM_REQ_WAIT_NS;
+		}
+	}
+	return -EAGAIN;
+}
+
+/* Milliseconds to sleep in accept: until the deadline or the first
+ * parked client's expiry. */
+static int eng_accept_wait_ms(const rsk_sock *s, int64_t deadline)
+{
+	int64_t until = deadline;
+	int i;
+
+	for (i = 0; i < s->npend; i++)
+		if (until < 0 || s->pend_until[i] < until)
+			until = s->pend_until[i];
+	return eng_ms_left(until);
+}
+
 int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 	       struct rsk_addr *src, struct rsk_addr *dst)
 {
@@ -1200,7 +1302,7 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 	struct cm_result res;
 	struct epoll_event ev[RSK_MAX_NAMES];
 	rsk_sock *c = NULL;
-	int rc, i, n;
+	int rc, n;
 
 	*out = NULL;
 	if ((rc = eng_enter(s)))
@@ -1210,15 +1312,7 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 		goto out;
 	}
 	for (;;) {
-		rc = -EAGAIN;
-		for (i = 0; i < s->nlfd && rc == -EAGAIN; i++) {
-			rc = cm_accept_one(s->lfd[i], &s->opts, &res, s->detail,
-					   sizeof(s->detail));
-			/* a failed handshake only costs that client */
-			if (rc < 0 && rc != -EAGAIN && rc != -EMFILE &&
-			    rc != -ENFILE && rc != -ENOMEM)
-				rc = -EAGAIN;
-		}
+		rc = eng_accept_step(s, &res);
 		if (rc != -EAGAIN)
 			break;
 		if (eng_xfd_ready(s)) {
@@ -1231,8 +1325,13 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 			rc = -EBADF;
 			goto out;
 		}
+		if (deadline >= 0 && eng_now_ns() >= deadline) {
+			rc = -ETIMEDOUT;
+			goto out;
+		}
 		pthread_mutex_unlock(&s->lock);
-		n = epoll_wait(s->epfd, ev, RSK_MAX_NAMES, eng_ms_left(deadline));
+		n = epoll_wait(s->epfd, ev, RSK_MAX_NAMES,
+			       eng_accept_wait_ms(s, deadline));
 		rc = n < 0 ? -errno : 0;
 		pthread_mutex_lock(&s->lock);
 		if (s->closed) {
@@ -1241,10 +1340,6 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 		}
 		if (rc == -EINTR)
 			goto out;
-		if (n == 0 && deadline >= 0 && eng_now_ns() >= deadline) {
-			rc = -ETIMEDOUT;
-			goto out;
-		}
 	}
 	if (rc < 0)
 		goto out;
@@ -1327,6 +1422,9 @@ static void eng_release(rsk_sock *s)
 	for (i = 0; i < s->nlfd; i++)
 		close(s->lfd[i]);
 	s->nlfd = 0;
+	for (i = 0; i < s->npend; i++)
+		close(s->pend[i]);
+	s->npend = 0;
 	s->xfd = -1; /* not ours */
 	close(s->epfd);
 	s->epfd = -1;

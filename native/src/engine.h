@@ -61,6 +61,10 @@ _Static_assert(sizeof(struct eng_ctrl) == 16, "ctrl slot is 16 bytes");
 enum rsk_kind { K_NEW = 0, K_LISTEN, K_CONN };
 
 #define RSK_MAX_NAMES 4
+/* Clients that connected to a listener but have not sent their REQ yet
+ * wait here (not in accept()), at most CM_REQ_WAIT_NS each. */
+#define RSK_MAX_PEND 32
+#define CM_REQ_WAIT_NS 1000000000ll
 
 struct rsk_sock {
 	/*
@@ -93,6 +97,9 @@ struct rsk_sock {
 	int lfd[RSK_MAX_NAMES];
 	int nlfd;
 	int xfd; /* rsk_listen_fd: not owned, -1 if none */
+	int pend[RSK_MAX_PEND];
+	int64_t pend_until[RSK_MAX_PEND];
+	int npend;
 
 	/* connection */
 	const struct prov_ops *ops;
@@ -144,9 +151,14 @@ struct cm_result {
 
 /* cm_local.c */
 int cm_listen_fd(const char *name, size_t namelen, int backlog);
-/* 0 and *res filled, -EAGAIN if no connection is pending, other -errno
- * for a failed attempt (the caller goes on accepting). */
-int cm_accept_one(int lfd, const struct rsk_opts *o, struct cm_result *res,
+/* Takes a client off a listening fd: its fd (non-blocking), -EAGAIN if
+ * none, another -errno if that client was refused (uid) or failed. */
+int cm_accept_conn(int lfd, char *detail, size_t dlen);
+/* Has an accepted client's REQ arrived (is its fd readable)? */
+int cm_req_ready(int fd);
+/* Handshake of an accepted client whose REQ arrived; takes fd (0 with
+ * *res filled, or -errno and fd closed). */
+int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		  char *detail, size_t dlen);
 int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 	       const struct rsk_addr *src, const struct rsk_addr *dst,
