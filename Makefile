@@ -89,3 +89,12 @@ clean:
 	rm -rf $(VENV) build native/build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	rm -f rsock/_native.c rsock/_native.o rsock/_native*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The long soak (tests/soak.py): mixed traffic across processes, random sizes, closes and
+# reconnects, every byte checked; SOAK_SECONDS=60 make soak for a shorter one.
+SOAK_SECONDS ?= 600
+SOAK_ARGS ?=
+
+.PHONY: soak
+soak: venv
+	$(VPY) tests/soak.py --seconds $(SOAK_SECONDS) $(SOAK_ARGS)

@@ -1,0 +1,256 @@
+"""Scale: 1,000 concurrent connections in one process (both ends here, sync API),
+each exchanging a checksummed message, served through one selector; the memory
+and fds they cost are measured and printed (run with ``-s`` to see them), and
+closing them gives everything back.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import resource
+import selectors
+import time
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from robust_peer import RobustPeers, fd_count, pattern, rsock_maps, status_kib
+from support import assert_fast_path
+
+N = 1000
+MSG = 1024
+DIGEST = 32
+
+
+def raise_fd_limit(want: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {want}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def memory() -> dict[str, int]:
+    return {f: status_kib(f) for f in ("VmRSS", "RssAnon", "RssShmem", "VmSize")}
+
+
+@pytest.mark.timeout_s(120)
+def test_thousand_concurrent_connections(sockmod: ModuleType, transport: str) -> None:
+    raise_fd_limit(16384)
+    gc.collect()
+    fds0, maps0, mem0 = fd_count(), len(rsock_maps()), memory()
+    t0 = time.monotonic()
+    clients: list[Any] = []
+    servers: list[Any] = []
+    listener = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1024)
+        listener.settimeout(10)
+        addr = listener.getsockname()
+        for _ in range(N):
+            c = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+            clients.append(c)
+            c.settimeout(10)
+            c.connect(addr)
+            s, _ = listener.accept()
+            servers.append(s)
+            s.settimeout(10)
+        listener.close()
+        assert_fast_path(transport, *clients, *servers)
+        t_open = time.monotonic() - t0
+
+        # every client sends a message and its sha256; the servers, all in one
+        # selector, check it and answer with the reversed payload
+        for i, c in enumerate(clients):
+            payload = pattern(i, MSG)
+            c.sendall(hashlib.sha256(payload).digest() + payload)
+        want = DIGEST + MSG
+        got = {i: b"" for i in range(N)}
+        with selectors.DefaultSelector() as sel:
+            for i, s in enumerate(servers):
+                sel.register(s, selectors.EVENT_READ, i)
+            deadline = time.monotonic() + 60
+            while got and time.monotonic() < deadline:
+                for key, _ in sel.select(5):
+                    i = key.data
+                    s = servers[i]
+                    chunk = s.recv(want - len(got[i]))
+                    assert chunk, f"server {i}: EOF"
+                    got[i] += chunk
+                    if len(got[i]) == want:
+                        msg = got.pop(i)
+                        sel.unregister(s)
+                        digest, payload = msg[:DIGEST], msg[DIGEST:]
+                        assert hashlib.sha256(payload).digest() == digest, f"server {i}"
+                        assert payload == pattern(i, MSG), f"server {i}"
+                        s.sendall(payload[::-1])
+        assert not got, f"{len(got)} servers never got their message"
+        for i, c in enumerate(clients):
+            answer = b""
+            while len(answer) < MSG:
+                chunk = c.recv(MSG - len(answer))
+                assert chunk, f"client {i}: EOF"
+                answer += chunk
+            assert answer == pattern(i, MSG)[::-1], f"client {i}: wrong answer"
+        t_total = time.monotonic() - t0
+
+        gc.collect()
+        fds1, maps1, mem1 = fd_count(), len(rsock_maps()), memory()
+        rss_kib = mem1["VmRSS"] - mem0["VmRSS"]
+        print(
+            f"\n{transport}: {N} connections (both ends in this process) opened in "
+            f"{t_open:.2f} s, all exchanged in {t_total:.2f} s\n"
+            f"  fds: {fds1 - fds0} ({(fds1 - fds0) / N:.1f} per connection, "
+            f"{(fds1 - fds0) / (2 * N):.1f} per socket)\n"
+            f"  rsock mappings: {maps1 - maps0} ({(maps1 - maps0) / N:.1f} per connection)\n"
+            f"  RSS: +{rss_kib} KiB ({rss_kib / N:.1f} KiB per connection: anon "
+            f"{(mem1['RssAnon'] - mem0['RssAnon']) / N:.1f}, shmem "
+            f"{(mem1['RssShmem'] - mem0['RssShmem']) / N:.1f}); "
+            f"virtual +{(mem1['VmSize'] - mem0['VmSize']) / N / 1024:.1f} MiB per connection"
+        )
+        assert t_total < 60
+    finally:
+        listener.close()
+        for s in clients + servers:
+            s.close()
+    gc.collect()
+    assert fd_count() == fds0
+    assert len(rsock_maps()) == maps0
+
+
+@pytest.fixture
+def rpeers() -> Iterator[RobustPeers]:
+    manager = RobustPeers()
+    try:
+        yield manager
+    finally:
+        manager.cleanup()
+
+
+@pytest.mark.timeout_s(120)
+def test_thousand_connections_from_another_process(
+    sockmod: ModuleType, transport: str, rpeers: RobustPeers
+) -> None:
+    """A child opens 1,000 connections to our listener and holds them: each end's
+    cost, in its own process."""
+    raise_fd_limit(16384)
+    gc.collect()
+    fds0, maps0, mem0 = fd_count(), len(rsock_maps()), memory()
+    conns: list[Any] = []
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1024)
+        listener.settimeout(30)
+        peer = rpeers.start(transport, "hold-many", listener.getsockname()[1], N)
+        try:
+            seen = set()
+            for _ in range(N):
+                conn, _ = listener.accept()
+                conns.append(conn)
+                conn.settimeout(10)
+                idx = b""
+                while len(idx) < 4:
+                    chunk = conn.recv(4 - len(idx))
+                    assert chunk
+                    idx += chunk
+                seen.add(int.from_bytes(idx, "big"))
+            assert seen == set(range(N))
+            assert_fast_path(transport, *conns)
+            peer.expect("READY", timeout=60)
+            gc.collect()
+            fds1, maps1, mem1 = fd_count(), len(rsock_maps()), memory()
+            child_fds, child_maps = fd_count(peer.pid), len(rsock_maps(peer.pid))
+            child_rss = status_kib("VmRSS", peer.pid)
+            print(
+                f"\n{transport}: {N} connections from a child process\n"
+                f"  accepting side: {(fds1 - fds0) / N:.1f} fds, {(maps1 - maps0) / N:.1f} "
+                f"mappings, {(mem1['VmRSS'] - mem0['VmRSS']) / N:.1f} KiB RSS per connection\n"
+                f"  connecting child: {child_fds} fds, {child_maps} mappings in all, "
+                f"RSS {child_rss / 1024:.1f} MiB"
+            )
+            # a sample of the connections is still writable
+            for conn in conns[:: N // 50]:
+                conn.sendall(b"?")
+        finally:
+            for conn in conns:
+                conn.close()
+        peer.release()
+        assert peer.wait(30) == 0
+        peer.cleanup()
+    gc.collect()
+    assert fd_count() == fds0
+    assert len(rsock_maps()) == maps0
+
+
+@pytest.mark.timeout_s(120)
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_thousand_concurrent_asyncio_connections(transport: str, loop: str) -> None:
+    """1,000 asyncio client connections held open at once against an asyncio server
+    in the same process (rsock.asyncio / asyncio's own TCP), each echoing a
+    checksummed message."""
+    import asyncio
+
+    raise_fd_limit(16384)
+    if transport == "rsock":
+        import rsock.asyncio as ra
+
+        start_server, open_connection = ra.start_server, ra.open_connection
+    else:
+        start_server, open_connection = asyncio.start_server, asyncio.open_connection
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            msg = await r.readexactly(DIGEST + MSG)
+            w.write(msg[DIGEST:][::-1])
+            await w.drain()
+            await r.read()  # hold until the client closes
+        finally:
+            w.close()
+
+    async def main() -> dict[str, float]:
+        fds0, mem0 = fd_count(), memory()
+        server = await start_server(handle, "127.0.0.1", 0, backlog=1024)
+        port = server.sockets[0].getsockname()[1]
+        opened, release = asyncio.Event(), asyncio.Event()
+        count = [0]
+
+        async def client(i: int) -> None:
+            r, w = await open_connection("127.0.0.1", port)
+            try:
+                payload = pattern(i, MSG)
+                w.write(hashlib.sha256(payload).digest() + payload)
+                await w.drain()
+                assert await r.readexactly(MSG) == payload[::-1], f"client {i}"
+                count[0] += 1
+                if count[0] == N:
+                    opened.set()
+                await release.wait()  # all N are open at once until then
+            finally:
+                w.close()
+                await w.wait_closed()
+
+        t0 = time.monotonic()
+        tasks = [asyncio.create_task(client(i)) for i in range(N)]
+        await asyncio.wait_for(opened.wait(), 60)
+        held = {"fds": fd_count() - fds0, "rss": memory()["VmRSS"] - mem0["VmRSS"]}
+        release.set()
+        await asyncio.gather(*tasks)
+        server.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.1)  # the handlers see EOF and close
+        return {**held, "seconds": time.monotonic() - t0}
+
+    if loop == "uvloop":
+        import uvloop
+
+        r = uvloop.run(main())
+    else:
+        r = asyncio.run(main())
+    print(
+        f"\n{transport}/{loop}: {N} asyncio connections (both ends here) in "
+        f"{r['seconds']:.2f} s: {r['fds'] / N:.1f} fds, {r['rss'] / N:.1f} KiB RSS per connection"
+    )
+    assert r["seconds"] < 60
