@@ -3,7 +3,6 @@ stays exactly as it was."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import sys
@@ -369,35 +368,10 @@ def test_stdlib_network_modules_import_and_work_under_patch(tmp_path: Path) -> N
 
 
 @pytest.fixture(scope="module")
-def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl command to make a test certificate")
-    d = tmp_path_factory.mktemp("cert")
-    subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(d / "key.pem"),
-            "-out",
-            str(d / "cert.pem"),
-            "-days",
-            "2",
-            "-subj",
-            "/CN=localhost",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    return str(d / "cert.pem"), str(d / "key.pem")
+def cert() -> tuple[str, str]:
+    """The test certificate for localhost shipped in tests/certs."""
+    d = Path(__file__).resolve().parents[2] / "tests" / "certs"
+    return str(d / "localhost.crt"), str(d / "localhost.key")
 
 
 def test_tls_over_stdlib_sockets_under_patch(tmp_path: Path, cert: tuple[str, str]) -> None:
