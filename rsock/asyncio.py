@@ -178,16 +178,17 @@ class RsockTransport(asyncio.Transport):
         return self._conn_lost > 0
 
     def _on_ready(self) -> None:
+        # Every other state change (pause/resume, write, close, EOF) updates
+        # the interest itself; here only a flush can change it.
         if self._lost():
             return
         if self._buffer:
-            self._flush()  # may lose the connection
-        if self._lost():
-            return
+            self._flush()  # may lose the connection or empty the buffer
+            if self._lost():
+                return
+            self._update_interest()
         if self._reading and not self._eof and not self._closing:
             self._read_ready()
-        if not self._lost():
-            self._update_interest()
 
     def _read_ready(self) -> None:
         # Raw engine calls (-errno, no exceptions on EAGAIN).  A short read
@@ -266,6 +267,22 @@ class RsockTransport(asyncio.Transport):
     # ---------------------------------------------------------------- writing
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if (
+            type(data) is bytes
+            and data
+            and not self._buffer
+            and not self._conn_lost
+            and not self._write_eof_pending
+        ):
+            # hot path: nothing queued, the whole message goes at once
+            rc: int = _raw_send(self._h.ptr, data, len(data), 0, 0)
+            if rc == len(data):
+                return
+            if rc > 0:
+                data = data[rc:]
+            elif rc not in (-errno.EAGAIN, -errno.EINTR):
+                self._fatal_error(self._sock._raise(rc), "Fatal write error on rsock transport")
+                return
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
                 f"data argument must be a bytes-like object, not {type(data).__name__!r}"
