@@ -27,7 +27,9 @@ def bench(tmp_path: Path, *args: str, timeout: float = 50) -> tuple[int, str, di
 
 
 def test_tcp_unix_report_and_json(tmp_path: Path) -> None:
-    rc, text, doc = bench(tmp_path, "--transport", "tcp,unix", "--api", "sync")
+    rc, text, doc = bench(
+        tmp_path, "--transport", "tcp,unix", "--api", "sync", "--tests", "stream,pingpong"
+    )
     assert rc == 0, text
     assert "unix vs tcp" in text and "RTT p50" in text and "GB/s" in text
     assert "stream 64 KiB [sync]" in text and "asyncio" not in text
@@ -45,7 +47,15 @@ LOOPS = ["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["async
 @pytest.mark.parametrize("loop", LOOPS)
 def test_asyncio_api_every_transport(tmp_path: Path, loop: str) -> None:
     rc, text, doc = bench(
-        tmp_path, "--api", "asyncio", "--loop", loop, "--transport", "rsock,tcp,unix"
+        tmp_path,
+        "--api",
+        "asyncio",
+        "--loop",
+        loop,
+        "--transport",
+        "rsock,tcp,unix",
+        "--tests",
+        "stream,pingpong",
     )
     assert rc == 0, text
     assert f"stream 64 KiB [asyncio/{loop}]" in text and "[sync]" not in text
@@ -84,11 +94,55 @@ def test_rsock_takes_the_shm_path(tmp_path: Path) -> None:
     assert {c["client"].get("provider") for c in doc["cases"]} == {"shm"}, text
 
 
+def test_msgrate_and_connrate(tmp_path: Path) -> None:
+    rc, text, doc = bench(tmp_path, "--transport", "rsock,tcp,unix", "--tests", "msgrate,connrate")
+    assert rc == 0, text
+    assert "msgrate 64 B [sync]  msg/s" in text and "connrate [sync]  conn/s" in text
+    assert "msgrate 64 B [asyncio/" in text and "connrate [asyncio" not in text
+    cases = [(c["api"], c["test"], c["transport"], c["status"]) for c in doc["cases"]]
+    ts = ("rsock", "tcp", "unix")
+    assert cases == [
+        *[("sync", "msgrate", t, "ok") for t in ts],
+        *[("sync", "connrate", t, "ok") for t in ts],
+        *[("asyncio", "msgrate", t, "ok") for t in ts],
+    ]
+    for c in doc["cases"]:
+        if c["test"] == "msgrate":  # 64 B messages: every one fully verified
+            assert c["size"] == 64 and c["summary"]["msg_per_s_median"] > 0
+            assert all(p["full_verify"] for p in c["server"]["phases"])
+            assert all(p["ack_crc_ok"] for p in c["client"]["phases"])
+        else:
+            assert c["summary"]["conn_per_s_median"] > 0
+            assert c["server"]["connections"] == c["client"]["connections"] > 0
+            assert c["server"]["nbad"] == 0
+        if c["transport"] == "rsock":
+            assert c["client"].get("provider") == "shm", c
+
+
+def test_sweep_sizes(tmp_path: Path) -> None:
+    rc, text, _ = bench(tmp_path, "--sweep", "--transport", "unix")
+    assert rc == 2 and "--sweep and --sizes exclude each other" in text  # TINY has --sizes
+    out = tmp_path / "sweep.json"
+    tiny = [a for a in TINY if a not in ("--sizes", "64K")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock.bench", *tiny, "--sweep", "--transport", "unix",
+         "--api", "sync", "--tests", "stream,pingpong", "--warmup-bytes", "64K",
+         "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cases = [(c["test"], c["size"], c["status"]) for c in json.loads(out.read_text())["cases"]]
+    sizes = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
+    assert cases == [*(("stream", n, "ok") for n in sizes), ("pingpong", 64, "ok")]
+    assert "stream 8 MiB [sync]" in proc.stdout and "stream 64 B [sync]" in proc.stdout
+
+
 @pytest.mark.parametrize("api", ["sync", "asyncio"])
 @pytest.mark.parametrize("fault", ["flip", "stale"])
-def test_corrupt_data_fails_verification(tmp_path: Path, fault: str, api: str) -> None:
+@pytest.mark.parametrize("test", ["stream", "msgrate"])
+def test_corrupt_data_fails_verification(tmp_path: Path, fault: str, api: str, test: str) -> None:
     rc, text, doc = bench(
-        tmp_path, "--transport", "tcp", "--tests", "stream", "--api", api, "--fault", fault
+        tmp_path, "--transport", "tcp", "--tests", test, "--api", api, "--fault", fault
     )
     assert rc == 3, text
     assert doc["cases"][0]["status"] == "verify"

@@ -12,8 +12,17 @@ Tests:
   ``--rep-time`` seconds each.  Throughput is client-timed (first send to ack) in
   GB/s = 10**9 bytes/s: median [min-max] over the repetitions.  CPU is user+sys of
   each process per 10**9 bytes.
+* msgrate: the stream test with ``--msg-size`` (64 B) messages: the client writes them
+  back to back, one ``sendall`` (asyncio: ``write``) each, the server checks every one
+  against the pattern, then acks.  Warm-up of at most 20000 messages (--quick 5000),
+  calibration, then ``--reps`` repetitions of ~``--rep-time``: messages/s, median
+  [min-max].
 * pingpong: the client sends ``--ping-size`` bytes, the server echoes them; each round
   trip is timed on its own: percentiles of the round-trip time (RTT, not RTT/2).
+* connrate (sync api only): the client loops connect + 1-byte echo + close (the server
+  closes first); a warm-up, then ``--reps`` phases of ~``--rep-time`` seconds each:
+  connections/s, median [min-max].  For rsock this is its whole connection setup
+  (rendezvous included), for tcp/unix the kernel's.
 
 APIs (``--api``):
 
@@ -53,7 +62,10 @@ from typing import Any
 
 WORKER = Path(__file__).resolve().with_name("_worker.py")
 TRANSPORTS = ("rsock", "tcp", "unix")
-TESTS = ("stream", "pingpong")
+TESTS = ("stream", "msgrate", "pingpong", "connrate")
+SYNC_ONLY_TESTS = ("connrate",)
+SWEEP_SIZES = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
+MSGRATE_WARMUP = (20000, 5000)  # max warm-up messages of msgrate: (normal, --quick)
 APIS = ("sync", "asyncio")
 LOOPS = ("asyncio", "uvloop")
 BASELINE = "tcp"
@@ -124,6 +136,7 @@ class Options:
     loop: str  # event loop of the asyncio api
     tests: list[str]
     sizes: list[int]
+    msg_size: int
     ping_size: int
     reps: int
     rep_time: float
@@ -142,8 +155,8 @@ class Options:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m rsock.bench",
-        description="Stream throughput and ping-pong latency of rsock vs TCP (and AF_UNIX), "
-        "server and client in separate processes.",
+        description="Stream throughput, message rate, ping-pong latency and connection "
+        "setup rate of rsock vs TCP (and AF_UNIX), server and client in separate processes.",
     )
     ap.add_argument(
         "--transport",
@@ -171,14 +184,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_list(TESTS),
         default=list(TESTS),
         metavar="LIST",
-        help="comma list of stream,pingpong (default both)",
+        help="comma list of stream,msgrate,pingpong,connrate (default all; connrate "
+        "runs with the sync api only)",
     )
     ap.add_argument(
         "--sizes",
         type=parse_sizes,
-        default=[64 << 10, 1 << 20],
+        default=None,
         metavar="LIST",
         help="stream message sizes, e.g. 64K,1M,4096 (default 64K,1M)",
+    )
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="stream sizes 64,256,1K,4K,16K,64K,256K,1M,4M,8M instead of --sizes",
+    )
+    ap.add_argument(
+        "--msg-size",
+        type=parse_size,
+        default=64,
+        metavar="SIZE",
+        help="msgrate message size (default 64)",
     )
     ap.add_argument(
         "--ping-size",
@@ -195,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="target duration of one stream repetition (default 1.0, --quick 0.2)",
+        help="target duration of one stream/msgrate/connrate repetition (default 1.0, --quick 0.2)",
     )
     ap.add_argument(
         "--warmup-bytes",
@@ -261,6 +287,8 @@ def parse_options(argv: list[str]) -> Options:
         return value if value is not None else (quick if q else normal)
 
     have_uvloop = importlib.util.find_spec("uvloop") is not None
+    if a.sweep and a.sizes is not None:
+        ap.error("--sweep and --sizes exclude each other")
     if a.loop == "uvloop" and not have_uvloop:
         ap.error("--loop uvloop: uvloop is not importable (pip install uvloop)")
     opts = Options(
@@ -268,7 +296,8 @@ def parse_options(argv: list[str]) -> Options:
         apis=a.api,
         loop=a.loop or ("uvloop" if have_uvloop else "asyncio"),
         tests=a.tests,
-        sizes=a.sizes,
+        sizes=list(SWEEP_SIZES) if a.sweep else (a.sizes or [64 << 10, 1 << 20]),
+        msg_size=a.msg_size,
         ping_size=a.ping_size,
         reps=pick(a.reps, 5, 3),
         rep_time=pick(a.rep_time, 1.0, 0.2),
@@ -385,7 +414,8 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.transport} {self.test} {fmt_size(self.size)} [{self.tag}]"
+        size = "" if self.test == "connrate" else f" {fmt_size(self.size)}"
+        return f"{self.transport} {self.test}{size} [{self.tag}]"
 
     @property
     def tag(self) -> str:
@@ -426,14 +456,21 @@ def worker_args(opts: Options, case: Case) -> list[str]:
     ]
 
 
-def client_args(opts: Options) -> list[str]:
+def warmup_bytes(opts: Options, case: Case) -> int:
+    if case.test != "msgrate":
+        return opts.warmup_bytes
+    cap = MSGRATE_WARMUP[1 if opts.quick else 0]
+    return case.size * max(4, min(opts.warmup_bytes // case.size, cap))
+
+
+def client_args(opts: Options, case: Case) -> list[str]:
     return [
         "--reps",
         str(opts.reps),
         "--rep-time",
         str(opts.rep_time),
         "--warmup-bytes",
-        str(opts.warmup_bytes),
+        str(warmup_bytes(opts, case)),
         "--verify",
         opts.verify,
         "--rounds",
@@ -516,7 +553,7 @@ def run_case(opts: Options, case: Case) -> None:
                         str(opts.cpus[1]),
                         "--addr",
                         ready,
-                        *client_args(opts),
+                        *client_args(opts, case),
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=co,
@@ -601,10 +638,40 @@ def median(values: list[float]) -> float:
 
 def summarize(case: Case) -> dict[str, Any]:
     cph = case.client["phases"]
+    if case.test == "connrate":
+        rates = [c["count"] / c["ns"] * 1e9 for c in cph if c["kind"] == "rep"]
+        total = case.server["connections"]
+        if total != case.client["connections"]:
+            raise ValueError(
+                f"client made {case.client['connections']} connections, server saw {total}"
+            )
+        return {
+            "conn_per_s_median": median(rates),
+            "conn_per_s_min": min(rates),
+            "conn_per_s_max": max(rates),
+            "conn_per_s": rates,
+            "connections": total,
+            "client_cpu_us_per_conn": median(
+                [c["cpu_s"] / c["count"] * 1e6 for c in cph if c["kind"] == "rep"]
+            ),
+            "server_cpu_us_per_conn": case.server["cpu_s"] / max(total, 1) * 1e6,
+        }
     sph = case.server["phases"]
     if len(cph) != len(sph):
         raise ValueError(f"client ran {len(cph)} phases, server {len(sph)}")
     reps = [(c, s) for c, s in zip(cph, sph, strict=True) if c["kind"] == "rep"]
+    if case.test == "msgrate":
+        rates = [c["count"] / c["ns"] * 1e9 for c, _ in reps]
+        return {
+            "msg_per_s_median": median(rates),
+            "msg_per_s_min": min(rates),
+            "msg_per_s_max": max(rates),
+            "msg_per_s": rates,
+            "server_msg_per_s": [c["count"] / s["ns"] * 1e9 for c, s in reps],
+            "msgs_per_rep": reps[0][0]["count"],
+            "client_cpu_ns_per_msg": median([c["cpu_s"] / c["count"] * 1e9 for c, _ in reps]),
+            "server_cpu_ns_per_msg": median([s["cpu_s"] / c["count"] * 1e9 for c, s in reps]),
+        }
     if case.test == "stream":
         gbps = [c["bytes"] / c["ns"] for c, _ in reps]
         ccpu = [c["cpu_s"] / (c["bytes"] / 1e9) for c, _ in reps]
@@ -679,6 +746,25 @@ def rows_for(test: str, size: int, tag: str) -> list[Row]:
             Row("  cpu client s/GB", "client_cpu_s_per_gb", False, 3),
             Row("  cpu server s/GB", "server_cpu_s_per_gb", False, 3),
         ]
+    if test == "msgrate":
+        return [
+            Row(
+                f"msgrate {fmt_size(size)} [{tag}]  msg/s",
+                "msg_per_s_median",
+                True,
+                0,
+                first=True,
+                spread=True,
+            ),
+            Row("  cpu client ns/msg", "client_cpu_ns_per_msg", False, 0),
+            Row("  cpu server ns/msg", "server_cpu_ns_per_msg", False, 0),
+        ]
+    if test == "connrate":
+        return [
+            Row(f"connrate [{tag}]  conn/s", "conn_per_s_median", True, 0, first=True, spread=True),
+            Row(f"  cpu client {us}/conn", "client_cpu_us_per_conn", False, 1),
+            Row(f"  cpu server {us}/conn", "server_cpu_us_per_conn", False, 1),
+        ]
     return [
         Row(f"pingpong {fmt_size(size)} [{tag}]  RTT p50 {us}", "rtt_us_p50", False, 1, first=True),
         Row(f"  RTT p90 {us}", "rtt_us_p90", False, 1),
@@ -745,7 +831,7 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
         header.append(f"{cmp[0]} vs {cmp[1]}")
     table: list[list[str]] = []
     for api in opts.apis:
-        for test, size in plan_tests(opts):
+        for test, size in plan_tests(opts, api):
             for row in rows_for(test, size, api_tag(api, opts.loop)):
                 line = [row.label]
                 for t in opts.transports:
@@ -774,19 +860,33 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
         *map(fmt_line, table),
         "",
     ]
-    tests = {test for test, _ in plan_tests(opts)}
+    tests = {test for api in opts.apis for test, _ in plan_tests(opts, api)}
     if "stream" in tests:
         out.append(
             "GB/s = 10^9 bytes/s, client-timed from first send to ack, median [min-max] of "
             f"{opts.reps} reps of ~{opts.rep_time:g} s; verify={opts.verify} "
             "(warm-up: every byte)."
         )
+    if "msgrate" in tests:
+        out.append(
+            f"msg/s = {fmt_size(opts.msg_size)} messages written back to back (one sendall/"
+            "write each), every one checked by the server; client-timed to the ack, median "
+            f"[min-max] of {opts.reps} reps of ~{opts.rep_time:g} s."
+        )
     if "pingpong" in tests:
         out.append(
             f"RTT = full round-trip time of one {fmt_size(opts.ping_size)} message echoed by "
             f"the server, {opts.rounds} samples after {opts.warmup_rounds} warm-up."
         )
-    out.append("cpu = user+sys of that process (median over reps) per 10^9 bytes or per RT.")
+    if "connrate" in tests:
+        out.append(
+            "conn/s = connect + 1-byte echo + close (server closes first) in a loop, sync "
+            f"api only, median [min-max] of {opts.reps} reps of ~{opts.rep_time:g} s."
+        )
+    out.append(
+        "cpu = user+sys of that process (median over reps) per 10^9 bytes, message, RT or "
+        "connection (connrate server: whole session)."
+    )
     if "asyncio" in opts.apis:
         out.append(
             f"[asyncio/{opts.loop}]: both sides on a {opts.loop} event loop with Protocols "
@@ -797,8 +897,8 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
     if cmp:
         out.append(
             f"'{cmp[0]} vs {cmp[1]}': how many times better {cmp[0]} is than {cmp[1]} on that "
-            "row, same api and size (throughput: higher is better; RTT and cpu: lower is "
-            "better)."
+            "row, same api and size (throughput and rates: higher is better; RTT and cpu: lower "
+            "is better)."
         )
     failed = [c for c in cases if c.status != "ok"]
     if failed:
@@ -807,12 +907,16 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
     return "\n".join(out)
 
 
-def plan_tests(opts: Options) -> list[tuple[str, int]]:
+def plan_tests(opts: Options, api: str) -> list[tuple[str, int]]:
     plan: list[tuple[str, int]] = []
     if "stream" in opts.tests:
         plan.extend(("stream", s) for s in opts.sizes)
+    if "msgrate" in opts.tests:
+        plan.append(("msgrate", opts.msg_size))
     if "pingpong" in opts.tests:
         plan.append(("pingpong", opts.ping_size))
+    if "connrate" in opts.tests and api == "sync":
+        plan.append(("connrate", 1))
     return plan
 
 
@@ -822,6 +926,10 @@ def progress(case: Case) -> str:
         return f"FAILED ({case.status}): {case.error.splitlines()[0] if case.error else ''}"
     if case.test == "stream":
         return f"{s['gbps_median']:.3f} GB/s [{s['gbps_min']:.3f}-{s['gbps_max']:.3f}]"
+    if case.test in ("msgrate", "connrate"):
+        key, unit = ("msg_per_s", "msg/s") if case.test == "msgrate" else ("conn_per_s", "conn/s")
+        lo, hi = s[key + "_min"], s[key + "_max"]
+        return f"{s[key + '_median']:.0f} {unit} [{lo:.0f}-{hi:.0f}]"
     return f"RTT p50 {s['rtt_us_p50']:.1f} {micro()}, p99 {s['rtt_us_p99']:.1f} {micro()}"
 
 
@@ -831,7 +939,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = [
         (t, api, test, size)
         for api in opts.apis
-        for test, size in plan_tests(opts)
+        for test, size in plan_tests(opts, api)
         for t in opts.transports
     ]
     print(

@@ -4,7 +4,8 @@ The parent (`python -m rsock.bench`) starts this file *by path* with the same
 interpreter, so a tcp/unix case never imports the `rsock` package; only the rsock
 transport imports it, lazily.  Standard library only.
 
-    _worker.py serve  --transport T --test stream|pingpong --size S [--addr PATH] [--cpu N]
+    _worker.py serve  --transport T --test stream|msgrate|pingpong|connrate --size S
+                      [--addr PATH] [--cpu N]
                       [--api sync|asyncio] [--loop asyncio|uvloop]
     _worker.py client --transport T --test ... --addr ADDR [test parameters]
 
@@ -22,7 +23,12 @@ Wire protocol (same for every transport, client -> server unless noted):
   the server answers with an ``ACK`` of zeros;
 * stream: ``count`` messages of ``size`` bytes, then server -> client ``ACK``
   (number of bad messages, crc32 of the last message received);
-* pingpong: ``count`` times a ``size``-byte message that the server echoes back.
+* msgrate: the stream protocol with small (64 B) messages, every one fully verified;
+* pingpong: ``count`` times a ``size``-byte message that the server echoes back;
+* connrate (sync api only): no phase header; every connection carries one byte
+  ``seq % 255`` that the server checks against its own count, echoes, then closes
+  (server-side close first, so TIME_WAIT stays off the client's ephemeral ports); a
+  last connection with ``QUIT`` ends the session.
 
 Message number ``seq`` (counted over the whole session) is the window
 ``pattern[off:off + size]`` with ``off = (seq % NWIN) * STEP`` of one deterministic
@@ -59,6 +65,7 @@ ACK = struct.Struct("<II")  # bad messages, crc32 of the last message
 FLAG_FULL_VERIFY = 1
 NWIN = 61  # distinct message windows (prime: never a divisor of a power-of-two ring)
 STEP = 64  # window offset step in the pattern
+QUIT = 0xFF  # connrate: the byte of the last connection (sequence bytes are 0..254)
 STRIDE = 512  # sampled verification: one byte every STRIDE bytes, phase moves per message
 PATTERN_SEED = 0x52534F434B  # "RSOCK"
 
@@ -261,6 +268,8 @@ class StreamChecker:
 
 def serve(args: argparse.Namespace) -> dict[str, Any]:
     if args.api == "asyncio":
+        if args.test == "connrate":
+            raise ValueError("connrate runs with the sync api only")
         return run_async(args, aserve)
     listener = new_socket(args.transport)
     if args.transport == "unix":
@@ -269,6 +278,13 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     else:
         listener.bind(("127.0.0.1", 0))
         addr = str(listener.getsockname()[1])
+    if args.test == "connrate":
+        try:
+            listener.listen(128)
+            print(f"READY {addr}", flush=True)
+            return serve_connrate(listener, args.transport)
+        finally:
+            listener.close()
     listener.listen(1)
     print(f"READY {addr}", flush=True)
     conn, _ = listener.accept()
@@ -276,7 +292,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     tune(conn, args.transport)
     phases: list[dict[str, Any]] = []  # filled as phases complete, kept if one fails
     try:
-        if args.test == "stream":
+        if args.test in ("stream", "msgrate"):
             serve_stream(conn, args.size, phases)
         else:
             serve_pingpong(conn, args.size, phases)
@@ -333,6 +349,46 @@ def serve_stream(conn: StreamSocket, size: int, phases: list[dict[str, Any]]) ->
         phases.append(chk.end())
 
 
+def serve_connrate(listener: Any, transport: str) -> dict[str, Any]:
+    """Accept, check + echo one byte, close, until the client's QUIT connection."""
+    buf = memoryview(bytearray(1))
+    seq = nbad = 0
+    first_bad = -1
+    info: dict[str, Any] = {}
+    c0 = cpu_seconds()
+    t0 = time.perf_counter_ns()
+    while True:
+        conn, _ = listener.accept()
+        try:
+            recv_exact(conn, buf, 1)
+            b = buf[0]
+            conn.sendall(buf)
+            if b == QUIT:
+                info = transport_info(transport, conn)
+                break
+            if b != seq % 255:
+                if not nbad:
+                    first_bad = seq
+                nbad += 1
+            seq += 1
+        finally:
+            conn.close()
+    t1 = time.perf_counter_ns()
+    result: dict[str, Any] = {
+        "ok": not nbad,
+        "connections": seq,
+        "ns": t1 - t0,
+        "cpu_s": cpu_seconds() - c0,
+        "nbad": nbad,
+        **info,
+    }
+    if nbad:
+        result["verify_error"] = (
+            f"{nbad} of {seq} connections carried the wrong sequence byte; first: {first_bad}"
+        )
+    return result
+
+
 def serve_pingpong(conn: StreamSocket, size: int, phases: list[dict[str, Any]]) -> None:
     rv = memoryview(bytearray(size))
     hbuf = memoryview(bytearray(HDR.size))
@@ -363,7 +419,7 @@ class AsyncServer(asyncio.BufferedProtocol):
 
     def __init__(self, args: argparse.Namespace, phases: list[dict[str, Any]]) -> None:
         self.kind: str = args.transport
-        self.stream = args.test == "stream"
+        self.stream = args.test != "pingpong"  # stream or msgrate
         self.size: int = args.size
         self.phases = phases
         self.done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -499,13 +555,18 @@ async def aserve(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- client
 
 
-def connect(args: argparse.Namespace) -> Any:
+def connect(args: argparse.Namespace, nodelay: bool = True) -> Any:
     sock = new_socket(args.transport)
-    if args.transport == "unix":
-        sock.connect(args.addr)
-    else:
-        sock.connect(("127.0.0.1", int(args.addr)))
-    tune(sock, args.transport)
+    try:
+        if args.transport == "unix":
+            sock.connect(args.addr)
+        else:
+            sock.connect(("127.0.0.1", int(args.addr)))
+        if nodelay:
+            tune(sock, args.transport)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
@@ -640,6 +701,51 @@ def client_stream(conn: StreamSocket, args: argparse.Namespace) -> dict[str, Any
         phases.append(cl.phase(conn, count, full, kind))
     end_session(conn)
     return {"ok": True, "phases": phases}
+
+
+def client_connrate(args: argparse.Namespace) -> dict[str, Any]:
+    """connect + 1-byte echo + close in a loop: a warm-up, then --reps timed phases.
+
+    Each phase runs for a fixed time (warm-up: min(0.2, rep_time / 2) s, reps:
+    --rep-time) and reports how many connections it completed.
+    """
+    buf = memoryview(bytearray(2))
+    seq = 0
+    info: dict[str, Any] = {}
+
+    def one(b: int) -> None:
+        sock = connect(args, nodelay=False)
+        try:
+            sock.sendall(bytes((b,)))
+            recv_exact(sock, buf, 1)
+            if buf[0] != b:
+                raise VerifyError(f"connection {seq}: echo {buf[0]} of byte {b}")
+            if sock.recv_into(buf, 2) != 0:  # wait for the server's close
+                raise VerifyError(f"connection {seq}: unexpected data after the echo")
+            if not info:
+                info.update(transport_info(args.transport, sock))
+        finally:
+            sock.close()
+
+    if args.fault == "hang":
+        time.sleep(10**6)
+    phases: list[dict[str, Any]] = []
+    plan = [("warmup", min(0.2, args.rep_time / 2))] + [("rep", args.rep_time)] * args.reps
+    for kind, secs in plan:
+        count = 0
+        c0 = cpu_seconds()
+        t0 = time.perf_counter_ns()
+        end = t0 + int(secs * 1e9)
+        while True:
+            one(seq % 255)
+            seq += 1
+            count += 1
+            t1 = time.perf_counter_ns()
+            if t1 >= end:
+                break
+        phases.append({"kind": kind, "count": count, "ns": t1 - t0, "cpu_s": cpu_seconds() - c0})
+    one(QUIT)
+    return {"ok": True, "phases": phases, "connections": seq, **info}
 
 
 def client_pingpong(conn: StreamSocket, args: argparse.Namespace) -> dict[str, Any]:
@@ -807,6 +913,8 @@ async def aend_session(proto: AsyncClient) -> None:
 async def aclient(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     cap = args.size if args.test == "pingpong" else ACK.size
+    if args.test == "connrate":
+        raise ValueError("connrate runs with the sync api only")
 
     def factory() -> AsyncClient:
         return AsyncClient(args.transport, cap)
@@ -823,7 +931,7 @@ async def aclient(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.fault == "hang":
             await asyncio.sleep(10**6)
-        if args.test == "stream":
+        if args.test in ("stream", "msgrate"):
             result = await aclient_stream(proto, args)
         else:
             result = await aclient_pingpong(proto, args)
@@ -840,11 +948,13 @@ async def aclient(args: argparse.Namespace) -> dict[str, Any]:
 def client(args: argparse.Namespace) -> dict[str, Any]:
     if args.api == "asyncio":
         return run_async(args, aclient)
+    if args.test == "connrate":
+        return {**client_connrate(args), "api": "sync"}
     conn = connect(args)
     try:
         if args.fault == "hang":
             time.sleep(10**6)
-        if args.test == "stream":
+        if args.test in ("stream", "msgrate"):
             result = client_stream(conn, args)
         else:
             result = client_pingpong(conn, args)
@@ -862,7 +972,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="rsock.bench worker")
     ap.add_argument("role", choices=("serve", "client"))
     ap.add_argument("--transport", required=True, choices=("rsock", "tcp", "unix"))
-    ap.add_argument("--test", required=True, choices=("stream", "pingpong"))
+    ap.add_argument("--test", required=True, choices=("stream", "msgrate", "pingpong", "connrate"))
     ap.add_argument("--api", choices=("sync", "asyncio"), default="sync")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--size", type=int, required=True)
