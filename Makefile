@@ -13,7 +13,7 @@ STAMP := $(VENV)/.rsock-installed
 NATIVE_INPUTS := $(wildcard native/src/*.c native/src/*.h) native/include/rsock.h \
 	native/build_ffi.py pyproject.toml setup.py
 # Directories that exist (git does not keep empty ones, so compat/ may be absent).
-LINT_PATHS := $(wildcard rsock tests compat)
+LINT_PATHS := $(wildcard rsock tests compat conftest.py)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 

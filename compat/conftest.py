@@ -2,8 +2,7 @@
 
 * ``RSOCK_FALLBACK=never``: a connection that cannot take rsock's fast path is
   an error, here and in every child process;
-* a SIGALRM hang guard per test (60 s, or ``@pytest.mark.timeout_s(N)``), backed
-  by faulthandler ending the run if the main thread is stuck in C;
+* the hang guard of the top-level ``conftest.py`` (shared with ``tests/``);
 * ``socket.socket`` is the stdlib's again after every test, and so are the
   event loop classes ``rsock.patch()`` touches and ``sys.meta_path`` (a test
   that leaves the patch applied fails).
@@ -13,21 +12,16 @@ from __future__ import annotations
 
 import asyncio.base_events
 import asyncio.selector_events
-import faulthandler
 import os
-import signal
 import socket
 import sys
 from collections.abc import Iterator
-from types import FrameType
 from typing import Any
 
 import pytest
 
 os.environ["RSOCK_FALLBACK"] = "never"
 
-DEFAULT_TIMEOUT_S = 60.0
-HARD_GRACE_S = 30.0
 _STD_SOCKET = socket.socket
 try:
     import uvloop
@@ -51,42 +45,8 @@ def loop_state() -> list[Any]:
 
 
 _LOOP_STATE = loop_state()
-_stderr_fd: int | None = None
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    global _stderr_fd
-    if _stderr_fd is None:
-        _stderr_fd = os.dup(2)
-    config.addinivalue_line(
-        "markers",
-        f"timeout_s(seconds): per-test hang guard (default {DEFAULT_TIMEOUT_S:g} s)",
-    )
-
-
-class HangGuardTimeout(Exception):
-    """Raised in the main thread when a test outlives its hang guard."""
-
-
-@pytest.fixture(autouse=True)
-def hang_guard(request: pytest.FixtureRequest) -> Iterator[None]:
-    marker = request.node.get_closest_marker("timeout_s")
-    seconds = float(marker.args[0]) if marker else DEFAULT_TIMEOUT_S
-
-    def on_alarm(signum: int, frame: FrameType | None) -> None:
-        raise HangGuardTimeout(f"test still running after {seconds:g} s (hang guard)")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    faulthandler.dump_traceback_later(
-        seconds + HARD_GRACE_S, exit=True, file=_stderr_fd if _stderr_fd is not None else 2
-    )
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        faulthandler.cancel_dump_traceback_later()
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(autouse=True)
