@@ -36,7 +36,9 @@ define apt_install
 	apt-get update -qq && apt-get install -y -qq --no-install-recommends $(1)
 endef
 
-# Build tools for the C extension: a C compiler, make, and the headers of $(PYTHON).
+# Build tools for the C extension: a C compiler, make, the headers of $(PYTHON), and
+# rdma-core's headers (the verbs provider is compiled whenever they are there; the
+# libraries themselves are loaded at run time).
 sysdeps:
 	@missing=""; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
@@ -44,6 +46,8 @@ sysdeps:
 	$(PYTHON) -c 'import os, sys, sysconfig; \
 		sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
 		|| missing="$$missing python3-dev"; \
+	[ -f /usr/include/infiniband/verbs.h ] || missing="$$missing libibverbs-dev"; \
+	[ -f /usr/include/rdma/rdma_cma.h ] || missing="$$missing librdmacm-dev"; \
 	if [ -n "$$missing" ]; then $(call apt_install,$$missing); fi
 
 $(VPY): | sysdeps
@@ -63,7 +67,7 @@ $(STAMP): $(VPY) $(NATIVE_INPUTS) | sysdeps
 	$(VPY) -m pip install --quiet --no-build-isolation -e '.[test]'
 	touch $@
 
-check-native:
+check-native: sysdeps
 	$(MAKE) -C native check
 
 lint: venv

@@ -87,7 +87,7 @@ ffibuilder.set_source(
     depends=_depends(),
     include_dirs=[_rel(os.path.join(HERE, "include")), _rel(os.path.join(HERE, "src"))],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-D_GNU_SOURCE"],
-    libraries=["pthread"],
+    libraries=["pthread", "dl"],
 )
 
 

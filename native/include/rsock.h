@@ -139,6 +139,21 @@ int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
 		const struct rsk_addr *src, const struct rsk_addr *dst,
 		int timeout_ms);
 
+/* The verbs provider (RDMA RC queue pairs through rdma_cm; libibverbs
+ * and librdmacm are loaded at run time).  rsk_verbs_probe returns the
+ * number of RDMA devices (> 0) when verbs can be used, else -ENOSYS (no
+ * rdma-core) or -ENODEV (no device), with one sentence in detail. */
+int rsk_verbs_probe(char *detail, size_t dlen);
+/* Also listen for RDMA (rdma_cm) connections on addr (its port space is
+ * not the kernel's TCP ports: the same port number is fine). */
+int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog);
+/* Connects over rdma_cm to dst (src may be NULL); -ECONNREFUSED if no
+ * rsock listener is there. */
+int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
+		      const struct rsk_addr *dst, int timeout_ms);
+/* "shm" or "verbs" for a connection, "" otherwise. */
+const char *rsk_provider(rsk_sock *s);
+
 /* Stream I/O. rsk_send copies straight from buf into the peer's ring and
  * returns the bytes taken (all of them unless timeout/nonblocking).
  * rsk_recv copies out of the local ring; 0 means EOF. */

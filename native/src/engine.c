@@ -499,7 +499,13 @@ static int eng_progress(rsk_sock *s)
 		n = s->ops->poll_cq(s->qp, wc, WC_BATCH);
 		s->st.cq_polls++;
 		for (i = 0; i < n && !(s->flags & F_DEAD); i++) {
-			if (wc[i].status) {
+			if (wc[i].status == -ESHUTDOWN &&
+			    (s->flags & F_PEER_FIN)) {
+				/* flushed after the peer's orderly close: it
+				 * is gone, as a hang-up after FIN says */
+				s->flags |= F_PEER_GONE;
+				pthread_cond_broadcast(&s->cond);
+			} else if (wc[i].status) {
 				eng_fail(s, ECONNRESET, 0,
 					 "provider %s: completion error (%s)",
 					 s->ops->name, strerror(-wc[i].status));
@@ -528,9 +534,16 @@ static void eng_check_live(rsk_sock *s)
 
 	if (s->live_fd < 0 || (s->flags & F_PEER_GONE))
 		return;
-	n = recv(s->live_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return;
+	if (s->ops->live_event) {
+		/* the provider's CM says (it has no reject messages) */
+		if (!s->ops->live_event(s->qp))
+			return;
+		n = 0;
+	} else {
+		n = recv(s->live_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return;
+	}
 	/* gone: take in whatever it wrote before dying, then stop watching */
 	eng_progress(s);
 	s->flags |= F_PEER_GONE;
@@ -1279,6 +1292,18 @@ static int eng_accept_step(rsk_sock *s, struct cm_result *res)
 			s->pend_until[s->npend++] = now + CM_REQ_WAIT_NS;
 		}
 	}
+	if (s->vl) {
+		for (;;) {
+			rc = cm_verbs_accept(s->vl, &s->opts, res, s->detail,
+					     sizeof(s->detail));
+			if (rc == 0 || rc == -EMFILE || rc == -ENFILE ||
+			    rc == -ENOMEM)
+				return rc;
+			if (rc == -EAGAIN)
+				break;
+			/* refused: a bad request costs only its sender */
+		}
+	}
 	return -EAGAIN;
 }
 
@@ -1403,6 +1428,96 @@ out:
 	return rc;
 }
 
+/* ------------------------------------------------------ verbs provider */
+
+int rsk_verbs_probe(char *detail, size_t dlen)
+{
+	char why[160] = "";
+	int rc = cm_verbs_probe(why, sizeof(why));
+
+	if (detail && dlen)
+		snprintf(detail, dlen, "%s", why);
+	return rc;
+}
+
+int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	struct cmv_listener *l;
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind == K_CONN)
+		rc = -EISCONN;
+	else if (s->vl)
+		rc = -EBUSY;
+	if (rc)
+		goto out;
+	s->detail[0] = 0;
+	rc = cm_verbs_listen(addr, backlog, &l, s->detail, sizeof(s->detail));
+	if (rc)
+		goto out;
+	ev.data.fd = cm_verbs_listen_fd(l);
+	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0) {
+		rc = -errno;
+		cm_verbs_listen_close(l);
+		goto out;
+	}
+	s->vl = l;
+	s->kind = K_LISTEN;
+out:
+	eng_leave(s);
+	return rc;
+}
+
+int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
+		      const struct rsk_addr *dst, int timeout_ms)
+{
+	struct cm_result res;
+	struct rsk_opts o;
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind == K_CONN)
+		rc = -EISCONN;
+	else if (s->kind == K_LISTEN)
+		rc = -EINVAL;
+	if (rc)
+		goto out;
+	o = s->opts;
+	s->detail[0] = 0;
+	pthread_mutex_unlock(&s->lock);
+	rc = cm_verbs_connect(&o, src, dst, timeout_ms, &res, s->detail,
+			      sizeof(s->detail));
+	pthread_mutex_lock(&s->lock);
+	if (rc)
+		goto out;
+	if (s->closed) {
+		cm_result_release(&res);
+		rc = -EBADF;
+		goto out;
+	}
+	rc = eng_attach(s, &res);
+	if (rc)
+		cm_result_release(&res);
+out:
+	eng_leave(s);
+	return rc;
+}
+
+const char *rsk_provider(rsk_sock *s)
+{
+	const char *n = "";
+
+	pthread_mutex_lock(&s->lock);
+	if (s->kind == K_CONN && s->ops)
+		n = s->ops->name;
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
+
 /* ---------------------------------------------------------------- close */
 
 /* Frees rings and fds; s->lock held, no user left. */
@@ -1425,6 +1540,9 @@ static void eng_release(rsk_sock *s)
 	for (i = 0; i < s->npend; i++)
 		close(s->pend[i]);
 	s->npend = 0;
+	if (s->vl)
+		cm_verbs_listen_close(s->vl);
+	s->vl = NULL;
 	s->xfd = -1; /* not ours */
 	close(s->epfd);
 	s->epfd = -1;

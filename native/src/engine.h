@@ -97,6 +97,7 @@ struct rsk_sock {
 	int lfd[RSK_MAX_NAMES];
 	int nlfd;
 	int xfd; /* rsk_listen_fd: not owned, -1 if none */
+	struct cmv_listener *vl; /* rsk_listen_verbs: rdma_cm listener */
 	int pend[RSK_MAX_PEND];
 	int64_t pend_until[RSK_MAX_PEND];
 	int npend;
@@ -167,6 +168,24 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 void cm_result_release(struct cm_result *res);
 /* The liveness channel has data: a REJ (0, detail filled) or -EPROTO. */
 int cm_read_reject(int fd, char *detail, size_t dlen);
+
+/* prov_verbs.c: the connection manager of the verbs provider (rdma_cm).
+ * All return -ENOSYS/-ENODEV with one sentence in detail when rdma-core
+ * or an RDMA device is missing. */
+struct cmv_listener;
+/* > 0 (the number of RDMA devices) when verbs can be used. */
+int cm_verbs_probe(char *detail, size_t dlen);
+int cm_verbs_listen(const struct rsk_addr *a, int backlog,
+		    struct cmv_listener **out, char *detail, size_t dlen);
+int cm_verbs_listen_fd(struct cmv_listener *l);
+/* Never blocks: 0 with *res, -EAGAIN if no request is queued, another
+ * -errno if the request at hand was refused (the listener goes on). */
+int cm_verbs_accept(struct cmv_listener *l, const struct rsk_opts *o,
+		    struct cm_result *res, char *detail, size_t dlen);
+void cm_verbs_listen_close(struct cmv_listener *l);
+int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
+		     const struct rsk_addr *dst, int timeout_ms,
+		     struct cm_result *res, char *detail, size_t dlen);
 
 /* time helpers */
 int64_t eng_now_ns(void);

@@ -28,7 +28,8 @@ struct prov_wc {
 	uint64_t wr_id;
 	uint32_t imm;
 	uint32_t byte_len;
-	int status; /* 0 or -errno (the QP is then in error) */
+	int status; /* 0 or -errno (the QP is then in error); -ESHUTDOWN:
+		     * flushed (the QP was already in error) */
 	int is_recv;
 };
 
@@ -60,6 +61,10 @@ struct prov_ops {
 	uint32_t *(*owner_word)(struct prov_qp *qp);
 	/* Eventfd writes made to wake the peer. */
 	uint64_t (*notifies_sent)(struct prov_qp *qp);
+	/* The connection's liveness fd (from the CM) fired: 1 if the peer
+	 * is gone, 0 if not.  NULL: the liveness fd is the local CM's Unix
+	 * socket (the engine reads it itself). */
+	int (*live_event)(struct prov_qp *qp);
 	void (*destroy)(struct prov_qp *qp);
 };
 
@@ -74,6 +79,10 @@ static inline size_t prov_area_len(uint32_t qdepth, uint32_t ring_size)
 {
 	return prov_ctrl_len(qdepth) + ring_size;
 }
+
+/* --- verbs provider (prov_verbs.c) ------------------------------------ */
+
+extern const struct prov_ops verbs_ops;
 
 /* --- shm provider ------------------------------------------------------ */
 

@@ -1,0 +1,1375 @@
+// SPDX-License-Identifier: MIT
+/*
+ * prov_verbs.c - the provider on real RC queue pairs (libibverbs), and the
+ * connection manager for it (librdmacm).
+ *
+ * Both libraries are loaded at run time (dlopen), so rsock imports and
+ * works over shm/TCP on hosts without rdma-core; this file is compiled
+ * whenever the rdma-core headers are there (else cm_verbs_* say so).
+ *
+ * Per connection, in the order the RDMA guides give (and torn down in the
+ * reverse order):
+ *
+ *   event channel + cm_id (rdma_cm: address, route, connect/accept)
+ *   PD on the id's device
+ *   recv area  (ctrl slots + ring), registered LOCAL_WRITE|REMOTE_WRITE
+ *   staging    registered LOCAL_WRITE: sends that are not inline are
+ *              copied here first (the engine hands us the caller's buffers)
+ *   recv CQ    with a completion channel; send CQ polled only
+ *   RC QP      (rdma_create_qp: rdma_cm drives INIT/RTR/RTS)
+ *
+ * The engine's notify fd is an epoll fd over the completion channel and a
+ * kick eventfd (the engine must be able to make its own fd readable).
+ * The peer's area address, rkey and geometry come in the CM private data
+ * (native/PROTOCOL.md, section 8); every remote offset is checked against
+ * it before posting.  Error completions become a connection error; a
+ * flushed receive after the peer's orderly close is reported as
+ * -ESHUTDOWN so the engine can tell the two apart.
+ *
+ * Locking: none here; the engine serialises every call on a connection
+ * with its socket lock.  Listener calls come under the listener's lock.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine.h"
+
+#if defined(__has_include)
+#if __has_include(<infiniband/verbs.h>) && __has_include(<rdma/rdma_cma.h>)
+#define RSK_HAVE_VERBS 1
+#endif
+#endif
+
+#ifndef RSK_HAVE_VERBS
+
+static int no_verbs(char *detail, size_t dlen)
+{
+	snprintf(detail, dlen,
+		 "verbs provider: this build has no rdma-core headers "
+		 "(install libibverbs-dev and librdmacm-dev and rebuild)");
+	return -ENOSYS;
+}
+
+int cm_verbs_probe(char *detail, size_t dlen)
+{
+	return no_verbs(detail, dlen);
+}
+
+int cm_verbs_listen(const struct rsk_addr *a, int backlog,
+		    struct cmv_listener **out, char *detail, size_t dlen)
+{
+	(void)a;
+	(void)backlog;
+	*out = NULL;
+	return no_verbs(detail, dlen);
+}
+
+int cm_verbs_listen_fd(struct cmv_listener *l)
+{
+	(void)l;
+	return -EBADF;
+}
+
+int cm_verbs_accept(struct cmv_listener *l, const struct rsk_opts *o,
+		    struct cm_result *res, char *detail, size_t dlen)
+{
+	(void)l;
+	(void)o;
+	(void)res;
+	return no_verbs(detail, dlen);
+}
+
+void cm_verbs_listen_close(struct cmv_listener *l)
+{
+	(void)l;
+}
+
+int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
+		     const struct rsk_addr *dst, int timeout_ms,
+		     struct cm_result *res, char *detail, size_t dlen)
+{
+	(void)o;
+	(void)src;
+	(void)dst;
+	(void)timeout_ms;
+	(void)res;
+	return no_verbs(detail, dlen);
+}
+
+#else /* RSK_HAVE_VERBS */
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <endian.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------ run-time loading */
+
+/* The entry points we use that are real symbols (post/poll/notify are
+ * inline functions of verbs.h that call through the device's ops). */
+static struct {
+	int loaded; /* 1 ok, -errno failed */
+	char why[160];
+	__typeof__(&ibv_alloc_pd) alloc_pd;
+	__typeof__(&ibv_dealloc_pd) dealloc_pd;
+	__typeof__(&ibv_reg_mr) reg_mr;
+	__typeof__(&ibv_dereg_mr) dereg_mr;
+	__typeof__(&ibv_create_comp_channel) create_comp_channel;
+	__typeof__(&ibv_destroy_comp_channel) destroy_comp_channel;
+	__typeof__(&ibv_create_cq) create_cq;
+	__typeof__(&ibv_destroy_cq) destroy_cq;
+	__typeof__(&ibv_get_cq_event) get_cq_event;
+	__typeof__(&ibv_ack_cq_events) ack_cq_events;
+	__typeof__(&ibv_get_device_list) get_device_list;
+	__typeof__(&ibv_free_device_list) free_device_list;
+	__typeof__(&ibv_wc_status_str) wc_status_str;
+	__typeof__(&rdma_create_event_channel) create_event_channel;
+	__typeof__(&rdma_destroy_event_channel) destroy_event_channel;
+	__typeof__(&rdma_create_id) create_id;
+	__typeof__(&rdma_destroy_id) destroy_id;
+	__typeof__(&rdma_bind_addr) bind_addr;
+	__typeof__(&rdma_listen) listen;
+	__typeof__(&rdma_resolve_addr) resolve_addr;
+	__typeof__(&rdma_resolve_route) resolve_route;
+	__typeof__(&rdma_create_qp) create_qp;
+	__typeof__(&rdma_destroy_qp) destroy_qp;
+	__typeof__(&rdma_connect) connect;
+	__typeof__(&rdma_accept) accept;
+	__typeof__(&rdma_reject) reject;
+	__typeof__(&rdma_disconnect) disconnect;
+	__typeof__(&rdma_get_cm_event) get_cm_event;
+	__typeof__(&rdma_ack_cm_event) ack_cm_event;
+	__typeof__(&rdma_migrate_id) migrate_id;
+	__typeof__(&rdma_event_str) event_str;
+} V;
+
+static pthread_once_t v_once = PTHREAD_ONCE_INIT;
+
+static void *v_sym(void *h, const char *name, int *bad)
+{
+	void *p = h ? dlsym(h, name) : NULL;
+
+	if (!p && !*bad) {
+		*bad = 1;
+		snprintf(V.why, sizeof(V.why),
+			 "verbs provider: rdma-core lacks %s", name);
+	}
+	return p;
+}
+
+#define LOAD(h, field, name) \
+	(*(void **)&V.field = v_sym((h), (name), &bad))
+
+static void v_load(void)
+{
+	void *ib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+	void *cm = ib ? dlopen("librdmacm.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
+	int bad = 0;
+
+	if (!ib || !cm) {
+		snprintf(V.why, sizeof(V.why),
+			 "verbs provider: rdma-core is not installed (%s)",
+			 dlerror());
+		V.loaded = -ENOSYS;
+		return;
+	}
+	LOAD(ib, alloc_pd, "ibv_alloc_pd");
+	LOAD(ib, dealloc_pd, "ibv_dealloc_pd");
+	LOAD(ib, reg_mr, "ibv_reg_mr");
+	LOAD(ib, dereg_mr, "ibv_dereg_mr");
+	LOAD(ib, create_comp_channel, "ibv_create_comp_channel");
+	LOAD(ib, destroy_comp_channel, "ibv_destroy_comp_channel");
+	LOAD(ib, create_cq, "ibv_create_cq");
+	LOAD(ib, destroy_cq, "ibv_destroy_cq");
+	LOAD(ib, get_cq_event, "ibv_get_cq_event");
+	LOAD(ib, ack_cq_events, "ibv_ack_cq_events");
+	LOAD(ib, get_device_list, "ibv_get_device_list");
+	LOAD(ib, free_device_list, "ibv_free_device_list");
+	LOAD(ib, wc_status_str, "ibv_wc_status_str");
+	LOAD(cm, create_event_channel, "rdma_create_event_channel");
+	LOAD(cm, destroy_event_channel, "rdma_destroy_event_channel");
+	LOAD(cm, create_id, "rdma_create_id");
+	LOAD(cm, destroy_id, "rdma_destroy_id");
+	LOAD(cm, bind_addr, "rdma_bind_addr");
+	LOAD(cm, listen, "rdma_listen");
+	LOAD(cm, resolve_addr, "rdma_resolve_addr");
+	LOAD(cm, resolve_route, "rdma_resolve_route");
+	LOAD(cm, create_qp, "rdma_create_qp");
+	LOAD(cm, destroy_qp, "rdma_destroy_qp");
+	LOAD(cm, connect, "rdma_connect");
+	LOAD(cm, accept, "rdma_accept");
+	LOAD(cm, reject, "rdma_reject");
+	LOAD(cm, disconnect, "rdma_disconnect");
+	LOAD(cm, get_cm_event, "rdma_get_cm_event");
+	LOAD(cm, ack_cm_event, "rdma_ack_cm_event");
+	LOAD(cm, migrate_id, "rdma_migrate_id");
+	LOAD(cm, event_str, "rdma_event_str");
+	V.loaded = bad ? -ENOSYS : 1;
+}
+
+/* 0 when the libraries are there; else -errno with the reason. */
+static int v_ready(char *detail, size_t dlen)
+{
+	pthread_once(&v_once, v_load);
+	if (V.loaded > 0)
+		return 0;
+	snprintf(detail, dlen, "%s", V.why);
+	return V.loaded;
+}
+
+/* An event channel, or -errno with one sentence saying why not. */
+static int v_channel(struct rdma_event_channel **out, char *detail,
+		     size_t dlen)
+{
+	struct rdma_event_channel *ch;
+	int fl, e, n = 0;
+
+	*out = NULL;
+	if ((e = v_ready(detail, dlen)))
+		return e;
+	ch = V.create_event_channel();
+	if (!ch) {
+		struct ibv_device **l;
+
+		e = errno ? errno : ENODEV;
+		l = V.get_device_list(&n);
+		if (l)
+			V.free_device_list(l);
+		if (e == ENOENT || e == ENODEV || e == ENXIO || n == 0)
+			snprintf(detail, dlen,
+				 "verbs provider: no RDMA device on this host "
+				 "(%d devices; rdma_cm: %s)", n, strerror(e));
+		else
+			snprintf(detail, dlen,
+				 "verbs provider: cannot open rdma_cm (%s)",
+				 strerror(e));
+		return e == ENOENT || e == ENXIO ? -ENODEV : -e;
+	}
+	fl = fcntl(ch->fd, F_GETFL);
+	if (fl < 0 || fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+	    fcntl(ch->fd, F_SETFD, FD_CLOEXEC) < 0) {
+		e = errno;
+		V.destroy_event_channel(ch);
+		snprintf(detail, dlen, "verbs provider: fcntl: %s", strerror(e));
+		return -e;
+	}
+	*out = ch;
+	return 0;
+}
+
+int cm_verbs_probe(char *detail, size_t dlen)
+{
+	struct rdma_event_channel *ch;
+	struct ibv_device **l;
+	int n = 0, rc;
+
+	if ((rc = v_channel(&ch, detail, dlen)))
+		return rc;
+	V.destroy_event_channel(ch);
+	l = V.get_device_list(&n);
+	if (l)
+		V.free_device_list(l);
+	if (n <= 0) {
+		snprintf(detail, dlen,
+			 "verbs provider: no RDMA device on this host");
+		return -ENODEV;
+	}
+	snprintf(detail, dlen, "%d RDMA device%s", n, n == 1 ? "" : "s");
+	return n;
+}
+
+/* ----------------------------------------------------- the private data */
+
+#define VD_MAGIC 0x52534b56u   /* "RSKV" */
+#define VD_VERSION (0x80 | RSK_PROTO_VERSION) /* rsockets sends 1 */
+#define VD_RSOCKETS 1
+
+/* CM private data of REQ and REP (network byte order). */
+struct vconn_data {
+	uint8_t version;
+	uint8_t flags;    /* 0 (reserved) */
+	uint16_t qdepth;  /* receives we posted = the peer's message credits */
+	uint32_t ring_size;
+	uint64_t addr;    /* our recv area */
+	uint32_t rkey;
+	uint32_t len;     /* prov_area_len(qdepth, ring_size) */
+	uint32_t magic;
+	uint32_t reserved; /* 0 */
+};
+_Static_assert(sizeof(struct vconn_data) == 32, "vconn_data is 32 bytes");
+
+/* ------------------------------------------------------------ the QP */
+
+#define VQ_RECV_BATCH 32
+/* staging: at least two of the engine's largest messages */
+#define VQ_STAGE_MIN (2 * ENG_MAX_MSG)
+#define VQ_STAGE_MAX (16u << 20)
+
+struct prov_qp {
+	struct rdma_event_channel *ch; /* this connection's CM events */
+	struct rdma_cm_id *id;
+	struct ibv_pd *pd;
+	struct ibv_comp_channel *cc;
+	struct ibv_cq *rcq, *scq;
+	struct ibv_mr *amr, *smr;
+	uint8_t *area;
+	size_t area_len;
+	uint8_t *stg; /* staging for sends that are not inline */
+	size_t stg_len;
+	uint64_t stg_head, stg_tail; /* retired / used (monotonic) */
+	uint64_t stg_mark;           /* stg_tail at the last forced signal */
+	uint32_t *owner;             /* a shared page (fork) */
+	int epfd, kfd;               /* notify fd; kick eventfd */
+	int armed, qp_made, connected, peer_gone;
+	unsigned unacked; /* CQ events not yet acked */
+	uint32_t q, ring; /* our geometry */
+	uint32_t max_inline;
+	uint32_t sq_max;
+	/* send queue: wr_id = post counter; per slot what to do on retire */
+	uint64_t posted, retired;
+	uint64_t *wr_eng;  /* the engine's wr_id */
+	uint64_t *wr_end;  /* stg_tail after this WR */
+	uint8_t *wr_sig;   /* the engine asked for a completion */
+	uint32_t unsig;    /* WRs since the last signaled one */
+	/* the peer's area */
+	uint64_t raddr;
+	uint32_t rkey;
+	uint64_t rlen;
+	struct ibv_wc stash[VQ_RECV_BATCH];
+	int nstash, istash;
+};
+
+static void vq_free_mem(struct prov_qp *q)
+{
+	if (q->area)
+		munmap(q->area, q->area_len);
+	if (q->stg)
+		munmap(q->stg, q->stg_len);
+	if (q->owner)
+		munmap(q->owner, 4096);
+	free(q->wr_eng);
+	free(q->wr_end);
+	free(q->wr_sig);
+	if (q->epfd >= 0)
+		close(q->epfd);
+	if (q->kfd >= 0)
+		close(q->kfd);
+	free(q);
+}
+
+static int64_t v_now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Retire send WRs up to and including wr_id `seq`. */
+static void vq_retire(struct prov_qp *q, uint64_t seq)
+{
+	if (seq < q->retired || seq >= q->posted)
+		return;
+	q->stg_head = q->wr_end[seq % q->sq_max];
+	q->retired = seq + 1;
+}
+
+/* Poll the send CQ; engine-visible completions go to wc (up to n). */
+static int vq_poll_send(struct prov_qp *q, struct prov_wc *wc, int n,
+			int *bad)
+{
+	struct ibv_wc w[16];
+	int got, i, out = 0;
+
+	do {
+		got = ibv_poll_cq(q->scq, 16, w);
+		if (got < 0) {
+			*bad = -EIO;
+			return out;
+		}
+		for (i = 0; i < got; i++) {
+			uint64_t seq = w[i].wr_id;
+			int mine = seq < q->posted &&
+				   q->wr_sig[seq % q->sq_max];
+
+			if (w[i].status != IBV_WC_SUCCESS) {
+				*bad = w[i].status == IBV_WC_WR_FLUSH_ERR ?
+					       -ESHUTDOWN : -EIO;
+				if (!wc || out == n)
+					continue;
+				wc[out++] = (struct prov_wc){
+					.wr_id = 0,
+					.status = *bad,
+				};
+				continue;
+			}
+			if (mine && wc && out < n)
+				wc[out++] = (struct prov_wc){
+					.wr_id = q->wr_eng[seq % q->sq_max],
+				};
+			vq_retire(q, seq);
+		}
+	} while (got == 16 && (!wc || out < n));
+	return out;
+}
+
+/* Room for `bytes` of staging and one more WR, waiting (bounded) for
+ * our own writes to complete if needed. */
+static int vq_room(struct prov_qp *q, size_t bytes)
+{
+	int64_t until = 0;
+	int bad = 0;
+
+	for (;;) {
+		if (q->posted - q->retired < q->sq_max - 1 &&
+		    q->stg_tail + bytes - q->stg_head <= q->stg_len)
+			return 0;
+		vq_poll_send(q, NULL, 0, &bad);
+		if (bad)
+			return bad;
+		if (q->posted - q->retired < q->sq_max - 1 &&
+		    q->stg_tail + bytes - q->stg_head <= q->stg_len)
+			return 0;
+		if (!until)
+			until = v_now_ms() + 10000;
+		else if (v_now_ms() > until)
+			return -ETIMEDOUT;
+		/* the HCA (in rxe: the kernel) needs the CPU to finish them */
+		nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);
+	}
+}
+
+static int vq_post_recv(struct prov_qp *q, uint64_t wr_id)
+{
+	struct ibv_recv_wr wr = { .wr_id = wr_id }, *badwr;
+
+	return -ibv_post_recv(q->id->qp, &wr, &badwr);
+}
+
+static int vq_post_write_imm(struct prov_qp *q, const struct iovec *iov,
+			     int iovcnt, uint64_t roff, uint32_t imm,
+			     int flags, uint64_t wr_id)
+{
+	struct ibv_sge sge[4];
+	struct ibv_send_wr wr, *badwr;
+	size_t len = 0;
+	uint64_t seq = q->posted;
+	int i, nsge = 0, rc, sig;
+
+	for (i = 0; i < iovcnt; i++)
+		len += iov[i].iov_len;
+	if (roff > q->rlen || len > q->rlen - roff || len > UINT32_MAX)
+		return -EFAULT;
+	memset(&wr, 0, sizeof(wr));
+	if (len <= q->max_inline && iovcnt <= 4) {
+		if ((rc = vq_room(q, 0)))
+			return rc;
+		for (i = 0; i < iovcnt; i++)
+			if (iov[i].iov_len)
+				sge[nsge++] = (struct ibv_sge){
+					.addr = (uintptr_t)iov[i].iov_base,
+					.length = (uint32_t)iov[i].iov_len,
+				};
+		wr.send_flags = IBV_SEND_INLINE;
+	} else {
+		size_t pos, first;
+		uint8_t *dst;
+
+		if (len > q->stg_len)
+			return -EMSGSIZE;
+		if ((rc = vq_room(q, len)))
+			return rc;
+		pos = q->stg_tail % q->stg_len;
+		first = len < q->stg_len - pos ? len : q->stg_len - pos;
+		dst = q->stg + pos;
+		for (i = 0; i < iovcnt; i++) {
+			const uint8_t *src = iov[i].iov_base;
+			size_t n = iov[i].iov_len;
+
+			while (n) {
+				size_t room = (size_t)(q->stg + q->stg_len - dst);
+				size_t c = n < room ? n : room;
+
+				memcpy(dst, src, c);
+				src += c;
+				n -= c;
+				dst += c;
+				if (dst == q->stg + q->stg_len)
+					dst = q->stg;
+			}
+		}
+		sge[nsge++] = (struct ibv_sge){
+			.addr = (uintptr_t)(q->stg + pos),
+			.length = (uint32_t)first,
+			.lkey = q->smr->lkey,
+		};
+		if (first < len)
+			sge[nsge++] = (struct ibv_sge){
+				.addr = (uintptr_t)q->stg,
+				.length = (uint32_t)(len - first),
+				.lkey = q->smr->lkey,
+			};
+		q->stg_tail += len;
+	}
+	/* Signal when the engine asks, and on our own when staging or the
+	 * send queue fill up (unsignaled WRs are retired by a later
+	 * signaled one: RC completes in order). */
+	sig = (flags & PROV_SIGNALED) != 0;
+	if (++q->unsig >= q->sq_max / 4 ||
+	    q->stg_tail - q->stg_mark >= q->stg_len / 4)
+		sig = 1;
+	wr.wr_id = seq;
+	wr.sg_list = nsge ? sge : NULL;
+	wr.num_sge = nsge;
+	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr.imm_data = htobe32(imm);
+	wr.wr.rdma.remote_addr = q->raddr + roff;
+	wr.wr.rdma.rkey = q->rkey;
+	if (sig) {
+		wr.send_flags |= IBV_SEND_SIGNALED;
+		q->unsig = 0;
+		q->stg_mark = q->stg_tail;
+	}
+	q->wr_eng[seq % q->sq_max] = wr_id;
+	q->wr_end[seq % q->sq_max] = q->stg_tail;
+	q->wr_sig[seq % q->sq_max] = (flags & PROV_SIGNALED) != 0;
+	rc = ibv_post_send(q->id->qp, &wr, &badwr);
+	if (rc)
+		return -rc;
+	q->posted++;
+	return 0;
+}
+
+static int vq_wc_status(const struct ibv_wc *w)
+{
+	if (w->status == IBV_WC_SUCCESS)
+		return 0;
+	return w->status == IBV_WC_WR_FLUSH_ERR ? -ESHUTDOWN : -EIO;
+}
+
+static int vq_poll_cq(struct prov_qp *q, struct prov_wc *wc, int n)
+{
+	int out, bad = 0;
+
+	out = vq_poll_send(q, wc, n, &bad);
+	while (out < n) {
+		struct ibv_wc *w;
+
+		if (q->istash == q->nstash) {
+			int got = ibv_poll_cq(q->rcq, VQ_RECV_BATCH, q->stash);
+
+			q->istash = 0;
+			q->nstash = got > 0 ? got : 0;
+			if (got < 0) {
+				wc[out++] = (struct prov_wc){ .status = -EIO,
+							      .is_recv = 1 };
+				break;
+			}
+			if (!got)
+				break;
+		}
+		w = &q->stash[q->istash++];
+		wc[out] = (struct prov_wc){
+			.wr_id = w->wr_id,
+			.byte_len = w->byte_len,
+			.status = vq_wc_status(w),
+			.is_recv = 1,
+		};
+		/* a write without immediate (or a send) is not our protocol:
+		 * an opcode the engine refuses */
+		wc[out].imm = (w->status == IBV_WC_SUCCESS &&
+			       (w->wc_flags & IBV_WC_WITH_IMM)) ?
+				      be32toh(w->imm_data) :
+				      0xffffffffu;
+		out++;
+	}
+	return out;
+}
+
+static int vq_cq_pending(struct prov_qp *q)
+{
+	int got;
+
+	if (q->istash < q->nstash)
+		return 1;
+	got = ibv_poll_cq(q->rcq, VQ_RECV_BATCH, q->stash);
+	q->istash = 0;
+	q->nstash = got > 0 ? got : 0;
+	return got != 0;
+}
+
+static void vq_arm(struct prov_qp *q)
+{
+	if (!q->armed && ibv_req_notify_cq(q->rcq, 0) == 0)
+		q->armed = 1;
+}
+
+static void vq_disarm(struct prov_qp *q)
+{
+	(void)q; /* a CQ request cannot be withdrawn; it stays outstanding */
+}
+
+static int vq_armed(struct prov_qp *q)
+{
+	return q->armed;
+}
+
+static void vq_ack(struct prov_qp *q)
+{
+	struct ibv_cq *cq;
+	void *ctx;
+	uint64_t v;
+
+	while (read(q->kfd, &v, sizeof(v)) > 0)
+		;
+	while (V.get_cq_event(q->cc, &cq, &ctx) == 0) {
+		q->armed = 0;
+		if (++q->unacked >= 64) {
+			V.ack_cq_events(q->rcq, q->unacked);
+			q->unacked = 0;
+		}
+	}
+}
+
+static void vq_kick(struct prov_qp *q)
+{
+	uint64_t one = 1;
+
+	if (write(q->kfd, &one, sizeof(one)) < 0) {
+		/* the counter is saturated: it is readable anyway */
+	}
+}
+
+static int vq_notify_fd(struct prov_qp *q)
+{
+	return q->epfd;
+}
+
+static uint32_t *vq_owner_word(struct prov_qp *q)
+{
+	return q->owner;
+}
+
+static uint64_t vq_notifies_sent(struct prov_qp *q)
+{
+	(void)q;
+	return 0;
+}
+
+/* The CM channel of the connection fired: 1 when the peer is gone. */
+static int vq_live_event(struct prov_qp *q)
+{
+	struct rdma_cm_event *ev;
+
+	while (V.get_cm_event(q->ch, &ev) == 0) {
+		enum rdma_cm_event_type t = ev->event;
+
+		V.ack_cm_event(ev);
+		if (t == RDMA_CM_EVENT_DISCONNECTED ||
+		    t == RDMA_CM_EVENT_DEVICE_REMOVAL ||
+		    t == RDMA_CM_EVENT_TIMEWAIT_EXIT ||
+		    t == RDMA_CM_EVENT_CONNECT_ERROR ||
+		    t == RDMA_CM_EVENT_UNREACHABLE)
+			q->peer_gone = 1;
+	}
+	return q->peer_gone;
+}
+
+/* Make sure what we posted has left (a final signaled zero-length RDMA
+ * WRITE completes after every earlier WR), bounded by one second. */
+static void vq_drain(struct prov_qp *q)
+{
+	struct ibv_send_wr wr, *badwr;
+	int64_t until = v_now_ms() + 1000;
+	uint64_t seq = q->posted;
+	int bad = 0;
+
+	if (!q->connected || q->peer_gone || q->retired == q->posted ||
+	    q->posted - q->retired >= q->sq_max)
+		return;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = seq;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = q->raddr;
+	wr.wr.rdma.rkey = q->rkey;
+	q->wr_sig[seq % q->sq_max] = 0;
+	q->wr_end[seq % q->sq_max] = q->stg_tail;
+	if (ibv_post_send(q->id->qp, &wr, &badwr))
+		return;
+	q->posted++;
+	while (q->retired != q->posted && !bad && v_now_ms() < until) {
+		vq_poll_send(q, NULL, 0, &bad);
+		if (q->retired != q->posted)
+			nanosleep(&(struct timespec){ .tv_nsec = 50000 }, NULL);
+	}
+}
+
+static void vq_destroy(struct prov_qp *q)
+{
+	if (!q)
+		return;
+	if (q->qp_made) {
+		vq_drain(q);
+		if (q->connected)
+			V.disconnect(q->id);
+		V.destroy_qp(q->id);
+	}
+	if (q->rcq && q->unacked)
+		V.ack_cq_events(q->rcq, q->unacked);
+	if (q->rcq)
+		V.destroy_cq(q->rcq);
+	if (q->scq)
+		V.destroy_cq(q->scq);
+	if (q->cc)
+		V.destroy_comp_channel(q->cc);
+	if (q->amr)
+		V.dereg_mr(q->amr);
+	if (q->smr)
+		V.dereg_mr(q->smr);
+	if (q->pd)
+		V.dealloc_pd(q->pd);
+	if (q->id) {
+		struct rdma_cm_event *ev;
+
+		if (q->ch) /* events not yet read must be acked first */
+			while (V.get_cm_event(q->ch, &ev) == 0)
+				V.ack_cm_event(ev);
+		V.destroy_id(q->id);
+	}
+	if (q->ch)
+		V.destroy_event_channel(q->ch);
+	vq_free_mem(q);
+}
+
+const struct prov_ops verbs_ops = {
+	.name = "verbs",
+	.post_recv = vq_post_recv,
+	.post_write_imm = vq_post_write_imm,
+	.poll_cq = vq_poll_cq,
+	.cq_pending = vq_cq_pending,
+	.arm = vq_arm,
+	.disarm = vq_disarm,
+	.armed = vq_armed,
+	.ack = vq_ack,
+	.kick = vq_kick,
+	.notify_fd = vq_notify_fd,
+	.owner_word = vq_owner_word,
+	.notifies_sent = vq_notifies_sent,
+	.live_event = vq_live_event,
+	.destroy = vq_destroy,
+};
+
+static void *v_map(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* Everything of our side on the id's device; the QP is ready for
+ * rdma_connect/rdma_accept with every receive posted.  The peer's
+ * geometry is needed for the send queue and staging sizes. */
+static int vq_create(struct rdma_cm_id *id, const struct rsk_opts *o,
+		     uint32_t peer_q, uint32_t peer_ring, struct prov_qp **out,
+		     char *detail, size_t dlen)
+{
+	struct ibv_qp_init_attr qa;
+	struct epoll_event ev = { .events = EPOLLIN };
+	struct prov_qp *q;
+	uint32_t i;
+	int rc, fl;
+	const char *what = "";
+
+	*out = NULL;
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return -ENOMEM;
+	q->epfd = q->kfd = -1;
+	q->id = id;
+	q->q = o->qdepth;
+	q->ring = o->ring_size;
+	/* a full send queue or staging area only makes a send wait for our
+	 * own writes to complete (vq_room), so these are sizes, not limits */
+	q->sq_max = 2 * peer_q + 8;
+	q->area_len = prov_area_len(o->qdepth, o->ring_size);
+	q->stg_len = peer_ring < VQ_STAGE_MIN ? VQ_STAGE_MIN : peer_ring;
+	if (q->stg_len > VQ_STAGE_MAX)
+		q->stg_len = VQ_STAGE_MAX;
+	q->wr_eng = calloc(q->sq_max, sizeof(*q->wr_eng));
+	q->wr_end = calloc(q->sq_max, sizeof(*q->wr_end));
+	q->wr_sig = calloc(q->sq_max, 1);
+	q->area = v_map(q->area_len);
+	q->stg = v_map(q->stg_len);
+	q->owner = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+			MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (q->owner == MAP_FAILED)
+		q->owner = NULL;
+	q->epfd = epoll_create1(EPOLL_CLOEXEC);
+	q->kfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (!q->wr_eng || !q->wr_end || !q->wr_sig || !q->area || !q->stg ||
+	    !q->owner || q->epfd < 0 || q->kfd < 0) {
+		q->id = NULL;
+		vq_free_mem(q);
+		return -ENOMEM;
+	}
+	rc = -EIO;
+	if (!(q->pd = V.alloc_pd(id->verbs))) {
+		what = "ibv_alloc_pd";
+		goto fail;
+	}
+	q->amr = V.reg_mr(q->pd, q->area, q->area_len,
+			  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	q->smr = q->amr ? V.reg_mr(q->pd, q->stg, q->stg_len,
+				   IBV_ACCESS_LOCAL_WRITE) :
+			  NULL;
+	if (!q->amr || !q->smr) {
+		what = "ibv_reg_mr";
+		goto fail;
+	}
+	if (!(q->cc = V.create_comp_channel(id->verbs))) {
+		what = "ibv_create_comp_channel";
+		goto fail;
+	}
+	fl = fcntl(q->cc->fd, F_GETFL);
+	if (fl < 0 || fcntl(q->cc->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		what = "fcntl";
+		goto fail;
+	}
+	q->rcq = V.create_cq(id->verbs, (int)q->q + 1, q, q->cc, 0);
+	q->scq = q->rcq ? V.create_cq(id->verbs, (int)q->sq_max + 1, q, NULL,
+				      0) :
+			  NULL;
+	if (!q->rcq || !q->scq) {
+		what = "ibv_create_cq";
+		goto fail;
+	}
+	memset(&qa, 0, sizeof(qa));
+	qa.qp_context = q;
+	qa.send_cq = q->scq;
+	qa.recv_cq = q->rcq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.sq_sig_all = 0;
+	qa.cap.max_send_wr = q->sq_max;
+	qa.cap.max_recv_wr = q->q;
+	qa.cap.max_send_sge = 4;
+	qa.cap.max_recv_sge = 1;
+	qa.cap.max_inline_data = o->inline_max;
+	if (V.create_qp(id, q->pd, &qa)) {
+		/* the device may not do that much inline data */
+		qa.cap.max_inline_data = 64;
+		if (V.create_qp(id, q->pd, &qa)) {
+			what = "rdma_create_qp";
+			goto fail;
+		}
+	}
+	q->qp_made = 1;
+	q->max_inline = qa.cap.max_inline_data < o->inline_max ?
+				qa.cap.max_inline_data :
+				o->inline_max;
+	for (i = 0; i < q->q; i++)
+		if ((rc = vq_post_recv(q, PROV_WRID_RECV | i))) {
+			what = "ibv_post_recv";
+			errno = -rc;
+			goto fail;
+		}
+	ev.data.fd = q->cc->fd;
+	if (epoll_ctl(q->epfd, EPOLL_CTL_ADD, q->cc->fd, &ev) < 0) {
+		what = "epoll_ctl";
+		goto fail;
+	}
+	ev.data.fd = q->kfd;
+	if (epoll_ctl(q->epfd, EPOLL_CTL_ADD, q->kfd, &ev) < 0) {
+		what = "epoll_ctl";
+		goto fail;
+	}
+	*out = q;
+	return 0;
+fail:
+	rc = errno ? -errno : -EIO;
+	snprintf(detail, dlen, "verbs provider: %s failed (%s)", what,
+		 strerror(-rc));
+	q->id = NULL; /* the caller owns the id */
+	if (q->qp_made) {
+		V.destroy_qp(id);
+		q->qp_made = 0;
+	}
+	vq_destroy(q);
+	return rc;
+}
+
+static void vd_fill(const struct prov_qp *q, struct vconn_data *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->version = VD_VERSION;
+	d->qdepth = htobe16((uint16_t)q->q);
+	d->ring_size = htobe32(q->ring);
+	d->addr = htobe64((uintptr_t)q->area);
+	d->rkey = htobe32(q->amr->rkey);
+	d->len = htobe32((uint32_t)q->area_len);
+	d->magic = htobe32(VD_MAGIC);
+}
+
+/* Checks the peer's private data; fills the host-order copy. */
+static int vd_parse(const void *pd, size_t len, struct vconn_data *d,
+		    char *detail, size_t dlen)
+{
+	uint32_t q, ring;
+
+	if (!pd || len < 1) {
+		snprintf(detail, dlen, "verbs: the peer sent no connection data");
+		return -EPROTO;
+	}
+	if (((const uint8_t *)pd)[0] == VD_RSOCKETS) {
+		snprintf(detail, dlen,
+			 "verbs: the peer speaks librdmacm's rsockets protocol "
+			 "(version 1), which rsock does not speak yet");
+		return -EPROTONOSUPPORT;
+	}
+	if (len < sizeof(*d)) {
+		snprintf(detail, dlen, "verbs: short connection data (%zu bytes)",
+			 len);
+		return -EPROTO;
+	}
+	memcpy(d, pd, sizeof(*d));
+	d->qdepth = be16toh(d->qdepth);
+	d->ring_size = be32toh(d->ring_size);
+	d->addr = be64toh(d->addr);
+	d->rkey = be32toh(d->rkey);
+	d->len = be32toh(d->len);
+	d->magic = be32toh(d->magic);
+	q = d->qdepth;
+	ring = d->ring_size;
+	if (d->magic != VD_MAGIC || d->version != VD_VERSION) {
+		snprintf(detail, dlen,
+			 "verbs: connection data version %u (magic %#x), "
+			 "rsock speaks %u",
+			 d->version, d->magic, VD_VERSION);
+		return -EPROTONOSUPPORT;
+	}
+	if (q < RSK_QDEPTH_MIN || q > RSK_QDEPTH_MAX || ring < RSK_RING_MIN ||
+	    ring > RSK_RING_MAX || (ring & (ring - 1)) ||
+	    d->len != prov_area_len(q, ring)) {
+		snprintf(detail, dlen,
+			 "verbs: bad geometry from the peer (ring %u, qdepth %u, "
+			 "area %u)", ring, q, d->len);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+static void vq_set_peer(struct prov_qp *q, const struct vconn_data *d)
+{
+	q->raddr = d->addr;
+	q->rkey = d->rkey;
+	q->rlen = d->len;
+}
+
+static void v_addr_out(const struct sockaddr *sa, struct rsk_addr *a)
+{
+	memset(a, 0, sizeof(*a));
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *s4 = (const void *)sa;
+
+		a->family = AF_INET;
+		a->port = ntohs(s4->sin_port);
+		memcpy(a->addr, &s4->sin_addr, 4);
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const void *)sa;
+
+		a->family = AF_INET6;
+		a->port = ntohs(s6->sin6_port);
+		a->flowinfo = ntohl(s6->sin6_flowinfo);
+		a->scope_id = s6->sin6_scope_id;
+		memcpy(a->addr, &s6->sin6_addr, 16);
+	}
+}
+
+static int v_addr_in(const struct rsk_addr *a, struct sockaddr_storage *ss)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (a->family == AF_INET) {
+		struct sockaddr_in *s4 = (void *)ss;
+
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons(a->port);
+		memcpy(&s4->sin_addr, a->addr, 4);
+		return 0;
+	}
+	if (a->family == AF_INET6) {
+		struct sockaddr_in6 *s6 = (void *)ss;
+
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons(a->port);
+		s6->sin6_flowinfo = htonl(a->flowinfo);
+		s6->sin6_scope_id = a->scope_id;
+		memcpy(&s6->sin6_addr, a->addr, 16);
+		return 0;
+	}
+	return -EAFNOSUPPORT;
+}
+
+/* Waits for the next CM event on ch (deadline in ms, -1 forever). */
+static int v_wait_event(struct rdma_event_channel *ch, int64_t until,
+			struct rdma_cm_event **ev)
+{
+	for (;;) {
+		struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+		int ms = -1;
+
+		if (V.get_cm_event(ch, ev) == 0)
+			return 0;
+		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			return -errno;
+		if (until >= 0) {
+			int64_t left = until - v_now_ms();
+
+			if (left <= 0)
+				return -ETIMEDOUT;
+			ms = left > 1000000 ? 1000000 : (int)left;
+		}
+		if (poll(&p, 1, ms) < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+static int v_cm_errno(enum rdma_cm_event_type t, int status)
+{
+	switch (t) {
+	case RDMA_CM_EVENT_REJECTED:
+		return -ECONNREFUSED;
+	case RDMA_CM_EVENT_ADDR_ERROR:
+		return status == -ENODEV || status == -EADDRNOTAVAIL ?
+			       -ECONNREFUSED :
+			       -EHOSTUNREACH;
+	case RDMA_CM_EVENT_ROUTE_ERROR:
+	case RDMA_CM_EVENT_UNREACHABLE:
+		return -EHOSTUNREACH;
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+		return -ECONNREFUSED;
+	default:
+		return -EPROTO;
+	}
+}
+
+/* Waits for event `want` on the connecting id; -errno otherwise.  On
+ * ESTABLISHED the peer's private data is parsed into *d. */
+static int v_expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want,
+		    int64_t until, struct vconn_data *d, char *detail,
+		    size_t dlen)
+{
+	struct rdma_cm_event *ev;
+	int rc = v_wait_event(ch, until, &ev);
+
+	if (rc) {
+		snprintf(detail, dlen, "verbs: waiting for %s: %s",
+			 V.event_str(want), strerror(-rc));
+		return rc;
+	}
+	if (ev->event != want) {
+		rc = v_cm_errno(ev->event, ev->status);
+		snprintf(detail, dlen, "verbs: %s (status %d) while waiting "
+			 "for %s", V.event_str(ev->event), ev->status,
+			 V.event_str(want));
+		if (ev->event == RDMA_CM_EVENT_REJECTED &&
+		    ev->param.conn.private_data_len >= 1 &&
+		    ((const uint8_t *)ev->param.conn.private_data)[0] ==
+			    VD_VERSION)
+			snprintf(detail, dlen, "verbs: the rsock listener "
+				 "refused the connection");
+		V.ack_cm_event(ev);
+		return rc;
+	}
+	if (d)
+		rc = vd_parse(ev->param.conn.private_data,
+			      ev->param.conn.private_data_len, d, detail, dlen);
+	V.ack_cm_event(ev);
+	return rc;
+}
+
+static void v_result(struct prov_qp *q, struct cm_result *res,
+		     uint32_t peer_q, uint32_t peer_ring)
+{
+	int live = dup(q->ch->fd);
+
+	memset(res, 0, sizeof(*res));
+	res->ops = &verbs_ops;
+	res->qp = q;
+	res->area = q->area;
+	res->live_fd = live;
+	res->ring = q->ring;
+	res->q = q->q;
+	res->peer_ring = peer_ring;
+	res->peer_q = peer_q;
+	v_addr_out(&q->id->route.addr.src_addr, &res->dst);
+	v_addr_out(&q->id->route.addr.dst_addr, &res->src);
+}
+
+int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
+		     const struct rsk_addr *dst, int timeout_ms,
+		     struct cm_result *res, char *detail, size_t dlen)
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id = NULL;
+	struct sockaddr_storage ss, sd;
+	struct rdma_conn_param cp;
+	struct vconn_data mine, peer;
+	struct prov_qp *q = NULL;
+	int64_t until = timeout_ms < 0 ? -1 : v_now_ms() + timeout_ms;
+	int step = timeout_ms < 0 || timeout_ms > 2000 ? 2000 : timeout_ms;
+	int rc;
+
+	memset(res, 0, sizeof(*res));
+	res->live_fd = -1;
+	if ((rc = v_addr_in(dst, &sd)))
+		return rc;
+	if (src && (rc = v_addr_in(src, &ss)))
+		return rc;
+	if ((rc = v_channel(&ch, detail, dlen)))
+		return rc;
+	if (V.create_id(ch, &id, NULL, RDMA_PS_TCP)) {
+		rc = -errno;
+		snprintf(detail, dlen, "verbs: rdma_create_id: %s",
+			 strerror(errno));
+		goto fail;
+	}
+	if (step <= 0)
+		step = 1;
+	if (V.resolve_addr(id, src ? (struct sockaddr *)&ss : NULL,
+			   (struct sockaddr *)&sd, step)) {
+		rc = -errno;
+		snprintf(detail, dlen, "verbs: rdma_resolve_addr: %s",
+			 strerror(errno));
+		goto fail;
+	}
+	rc = v_expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, until, NULL, detail,
+		      dlen);
+	if (rc)
+		goto fail;
+	if (V.resolve_route(id, step)) {
+		rc = -errno;
+		snprintf(detail, dlen, "verbs: rdma_resolve_route: %s",
+			 strerror(errno));
+		goto fail;
+	}
+	rc = v_expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, until, NULL, detail,
+		      dlen);
+	if (rc)
+		goto fail;
+	/* the peer's geometry is not known yet: size the send side by ours */
+	rc = vq_create(id, o, o->qdepth, o->ring_size, &q, detail, dlen);
+	if (rc)
+		goto fail;
+	q->ch = ch;
+	vd_fill(q, &mine);
+	memset(&cp, 0, sizeof(cp));
+	cp.private_data = &mine;
+	cp.private_data_len = sizeof(mine);
+	cp.flow_control = 1;
+	cp.retry_count = 7;
+	cp.rnr_retry_count = 7;
+	if (V.connect(id, &cp)) {
+		rc = -errno;
+		snprintf(detail, dlen, "verbs: rdma_connect: %s",
+			 strerror(errno));
+		goto fail;
+	}
+	rc = v_expect(ch, RDMA_CM_EVENT_ESTABLISHED, until, &peer, detail,
+		      dlen);
+	if (rc)
+		goto fail;
+	vq_set_peer(q, &peer);
+	q->connected = 1;
+	v_result(q, res, peer.qdepth, peer.ring_size);
+	if (res->live_fd < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	return 0;
+fail:
+	if (q) {
+		vq_destroy(q); /* owns id and ch now */
+	} else {
+		if (id)
+			V.destroy_id(id);
+		V.destroy_event_channel(ch);
+	}
+	memset(res, 0, sizeof(*res));
+	res->live_fd = -1;
+	return rc;
+}
+
+/* --------------------------------------------------------------- listen */
+
+struct cmv_listener {
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+};
+
+int cm_verbs_listen(const struct rsk_addr *a, int backlog,
+		    struct cmv_listener **out, char *detail, size_t dlen)
+{
+	struct cmv_listener *l;
+	struct sockaddr_storage ss;
+	int rc;
+
+	*out = NULL;
+	if ((rc = v_addr_in(a, &ss)))
+		return rc;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	if ((rc = v_channel(&l->ch, detail, dlen))) {
+		free(l);
+		return rc;
+	}
+	if (V.create_id(l->ch, &l->id, NULL, RDMA_PS_TCP)) {
+		rc = -errno;
+		goto fail;
+	}
+	if (V.bind_addr(l->id, (struct sockaddr *)&ss) ||
+	    V.listen(l->id, backlog)) {
+		rc = -errno;
+		snprintf(detail, dlen, "verbs: cannot listen on port %u: %s",
+			 a->port, strerror(errno));
+		goto fail;
+	}
+	*out = l;
+	return 0;
+fail:
+	cm_verbs_listen_close(l);
+	return rc;
+}
+
+int cm_verbs_listen_fd(struct cmv_listener *l)
+{
+	return l->ch->fd;
+}
+
+void cm_verbs_listen_close(struct cmv_listener *l)
+{
+	struct rdma_cm_event *ev;
+
+	if (!l)
+		return;
+	if (l->ch) {
+		/* refuse whoever is still queued */
+		while (V.get_cm_event(l->ch, &ev) == 0) {
+			if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+				struct rdma_cm_id *id = ev->id;
+
+				V.reject(id, NULL, 0);
+				V.ack_cm_event(ev);
+				V.destroy_id(id);
+				continue;
+			}
+			V.ack_cm_event(ev);
+		}
+	}
+	if (l->id)
+		V.destroy_id(l->id);
+	if (l->ch)
+		V.destroy_event_channel(l->ch);
+	free(l);
+}
+
+/* Takes one connection request off the listener (never blocks): 0 with
+ * *res, -EAGAIN if none is there, another -errno if that request failed
+ * (refused, the listener goes on). */
+int cm_verbs_accept(struct cmv_listener *l, const struct rsk_opts *o,
+		    struct cm_result *res, char *detail, size_t dlen)
+{
+	struct rdma_cm_event *ev;
+	struct rdma_cm_id *id;
+	struct rdma_event_channel *ch = NULL;
+	struct rdma_conn_param cp;
+	struct vconn_data peer, mine;
+	struct prov_qp *q = NULL;
+	uint8_t pd[64];
+	size_t pdlen;
+	uint8_t refuse = VD_VERSION;
+	int rc;
+
+	memset(res, 0, sizeof(*res));
+	res->live_fd = -1;
+	for (;;) {
+		if (V.get_cm_event(l->ch, &ev))
+			return errno == EAGAIN || errno == EWOULDBLOCK ?
+				       -EAGAIN :
+				       -errno;
+		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)
+			break;
+		V.ack_cm_event(ev); /* nothing else concerns the listener */
+	}
+	id = ev->id;
+	pdlen = ev->param.conn.private_data_len;
+	if (pdlen > sizeof(pd))
+		pdlen = sizeof(pd);
+	if (pdlen && ev->param.conn.private_data)
+		memcpy(pd, ev->param.conn.private_data, pdlen);
+	else
+		pdlen = 0;
+	V.ack_cm_event(ev);
+
+	rc = vd_parse(pdlen ? pd : NULL, pdlen, &peer, detail, dlen);
+	if (rc)
+		goto refuse;
+	rc = vq_create(id, o, peer.qdepth, peer.ring_size, &q, detail, dlen);
+	if (rc)
+		goto refuse;
+	/* the connection gets its own channel: its events are its liveness */
+	if ((rc = v_channel(&ch, detail, dlen)))
+		goto refuse;
+	if (V.migrate_id(id, ch)) {
+		rc = -errno;
+		V.destroy_event_channel(ch);
+		goto refuse;
+	}
+	q->ch = ch;
+	vq_set_peer(q, &peer);
+	vd_fill(q, &mine);
+	memset(&cp, 0, sizeof(cp));
+	cp.private_data = &mine;
+	cp.private_data_len = sizeof(mine);
+	cp.flow_control = 1;
+	cp.retry_count = 7;
+	cp.rnr_retry_count = 7;
+	if (V.accept(id, &cp)) {
+		rc = -errno;
+		snprintf(detail, dlen, "verbs: rdma_accept: %s", strerror(errno));
+		vq_destroy(q);
+		return rc;
+	}
+	q->connected = 1;
+	v_result(q, res, peer.qdepth, peer.ring_size);
+	if (res->live_fd < 0) {
+		rc = -errno;
+		vq_destroy(q);
+		memset(res, 0, sizeof(*res));
+		res->live_fd = -1;
+		return rc;
+	}
+	return 0;
+refuse:
+	V.reject(id, &refuse, sizeof(refuse));
+	if (q)
+		vq_destroy(q); /* destroys id (and ch once migrated) */
+	else
+		V.destroy_id(id);
+	return rc;
+}
+
+#endif /* RSK_HAVE_VERBS */
