@@ -158,6 +158,36 @@ def connect(
     return int(lib.rsk_connect(h.ptr, name, len(name), s, d, timeout_ms))
 
 
+def verbs_probe() -> tuple[int, str]:
+    """(number of RDMA devices, or -errno; one sentence saying so)."""
+    buf = ffi.new("char[]", 200)
+    rc = int(lib.rsk_verbs_probe(buf, 200))
+    return rc, str(ffi.string(buf).decode("utf-8", "replace"))
+
+
+def listen_verbs(h: Handle, family: int, host: str, port: int, backlog: int) -> int:
+    a = ffi.new("struct rsk_addr *")
+    _fill_addr(a, family, host, port, 0, 0)
+    return int(lib.rsk_listen_verbs(h.ptr, a, backlog))
+
+
+def connect_verbs(
+    h: Handle, family: int, src: tuple[Any, ...] | None, dst: tuple[Any, ...], timeout_ms: int
+) -> int:
+    d = ffi.new("struct rsk_addr *")
+    _fill_addr(d, family, dst[0], dst[1], *(dst[2:4] if len(dst) >= 4 else (0, 0)))
+    s = ffi.NULL
+    if src is not None:
+        s = ffi.new("struct rsk_addr *")
+        _fill_addr(s, family, src[0], src[1], *(src[2:4] if len(src) >= 4 else (0, 0)))
+    return int(lib.rsk_connect_verbs(h.ptr, s, d, timeout_ms))
+
+
+def provider(h: Handle) -> str:
+    """"shm" or "verbs" for a connection, "" otherwise."""
+    return str(ffi.string(lib.rsk_provider(h.ptr)).decode())
+
+
 def accept(
     h: Handle, timeout_ms: int
 ) -> tuple[int, Handle | None, tuple[Any, ...] | None, tuple[Any, ...] | None]:

@@ -225,6 +225,58 @@ def _is_local(family: int, host: str) -> tuple[bool, str]:
     return ip.is_loopback or src == host, src
 
 
+_verbs_state: tuple[int, str] | None = None
+
+
+def verbs_available() -> tuple[int, str]:
+    """(number of RDMA devices, or -errno; one sentence), probed once per process."""
+    global _verbs_state
+    if _verbs_state is None:
+        _verbs_state = _ll.verbs_probe()
+    return _verbs_state
+
+
+def _ifaddr4(ifname: str) -> str | None:
+    """The IPv4 address of a network interface (SIOCGIFADDR), or None."""
+    import fcntl
+    import struct
+
+    try:
+        with _std.socket(_std.AF_INET, _std.SOCK_DGRAM) as u:
+            req = struct.pack("256s", ifname.encode()[:15])
+            res = fcntl.ioctl(u.fileno(), 0x8915, req)  # SIOCGIFADDR
+    except OSError:
+        return None
+    return _std.inet_ntoa(res[20:24])
+
+
+def _verbs_host(family: int, host: str) -> str:
+    """rdma_cm cannot route loopback addresses (on rxe it answers ENODEV):
+    RSOCK_PROVIDER=verbs on 127.0.0.1 uses the address of the first RDMA
+    device's network interface instead (or RSOCK_VERBS_LOOPBACK)."""
+    try:
+        loop = ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host
+    if not loop or family != _std.AF_INET:
+        return host
+    env = os.environ.get("RSOCK_VERBS_LOOPBACK", "")
+    if env:
+        return env
+    import glob
+
+    for nd in sorted(glob.glob("/sys/class/infiniband/*/ports/*/gid_attrs/ndevs/0")):
+        try:
+            with open(nd) as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        a = _ifaddr4(name) if name else None
+        if a:
+            return a
+    return host
+
+
 def _v4_mapped(addr: tuple[Any, ...]) -> tuple[Any, ...]:
     """An IPv4 peer of a dual-stack AF_INET6 socket, as the kernel shows it."""
     if len(addr) == 2:
@@ -364,6 +416,7 @@ class socket:
         core.peer = peer
         core.local = local
         self._init_from(parent, h, core)
+        self._provider_name = _ll.provider(h) or self._provider_name
         return self
 
     # ------------------------------------------------------------ basics
@@ -387,7 +440,7 @@ class socket:
 
     @property
     def provider(self) -> str | None:
-        """Which path the connection took ("shm"), None if not connected."""
+        """Which path the connection took ("shm", "verbs"), None if not connected."""
         return self._provider_name if self._h is not None and self._core.connected else None
 
     def _handle(self) -> _ll.Handle:
@@ -760,6 +813,11 @@ class socket:
             rc = _ll.listen(h, name, backlog)
             if rc < 0:
                 raise _ll.oserror(rc)
+        # remote RDMA clients (rdma_cm has its own port space: same number)
+        if self._provider_name == "verbs" or verbs_available()[0] > 0:
+            rc = _ll.listen_verbs(h, self._family, _verbs_host(self._family, host), port, backlog)
+            if rc < 0 and self._provider_name == "verbs":
+                raise _ll.oserror(rc, _ll.detail(h))
         # plain TCP clients are served on the same port: the kernel listener
         # joins the pollable fd and accept() takes them from it
         tcp.listen(backlog)
@@ -809,11 +867,15 @@ class socket:
     # ------------------------------------------------------------ client side
 
     def _check_provider(self) -> None:
-        if self._provider_name not in ("shm", "tcp"):
+        if self._provider_name not in ("shm", "tcp", "verbs"):
             raise OSError(
                 _errno.EPROTONOSUPPORT,
-                f"RSOCK_PROVIDER={self._provider_name!r}: this build has 'shm' and 'tcp'",
+                f"RSOCK_PROVIDER={self._provider_name!r}: rsock has 'shm', 'verbs' and 'tcp'",
             )
+        if self._provider_name == "verbs":
+            rc, why = verbs_available()
+            if rc <= 0:
+                raise OSError(-rc if rc < 0 else _errno.ENODEV, why)
 
     def _become_tcp(self) -> None:
         """From now on this object is a plain TCP socket (the reserving
@@ -855,6 +917,12 @@ class socket:
         it, most specific first.  Returns the engine's result."""
         host = str(dst[0])
         local, src_ip = _is_local(self._family, host)
+        if self._provider_name == "verbs" or (not local and verbs_available()[0] > 0):
+            if not core.bound and src_ip:
+                fam = self._family
+                self._reserve().bind((src_ip, 0) if fam == _std.AF_INET else (src_ip, 0, 0, 0))
+                core.bound = True
+            return self._dial_verbs(h, core, dst, timeout_ms)
         if not local:
             core.detail = f"{host} is not on this host"
             return -_errno.ECONNREFUSED
@@ -876,6 +944,25 @@ class socket:
         if rc >= 0:
             core.connected = True
             core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
+        return rc
+
+    def _dial_verbs(
+        self, h: _ll.Handle, core: _Core, dst: tuple[Any, ...], timeout_ms: int
+    ) -> int:
+        """Connects over rdma_cm.  Address and route resolution cannot be
+        left half-done like a TCP SYN, so a non-blocking connect waits for
+        them too (bounded: 10 s)."""
+        vdst = (_verbs_host(self._family, str(dst[0])), *dst[1:])
+        while True:
+            rc = _ll.connect_verbs(h, self._family, None, vdst, timeout_ms or 10000)
+            if rc != -_errno.EINTR:
+                break
+        if rc >= 0:
+            core.connected = True
+            core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
+            self._provider_name = "verbs"
+        else:
+            core.detail = _ll.detail(h)
         return rc
 
     def _connect(self, address: Any) -> int:
