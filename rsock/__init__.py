@@ -104,6 +104,8 @@ __all__ = [
     "SocketIO",
     "patch",
     "unpatch",
+    "SSLSocket",
+    "ssl_wrap_socket",
     "AF_INET",
     "AF_INET6",
     "AF_UNSPEC",
@@ -162,7 +164,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Every other stdlib constant (``SO_*``, ``TCP_*``, ``EAI_*``, ...)."""
+    """TLS (``SSLSocket``, ``ssl_wrap_socket``: imported on first use, with
+    the ``ssl`` module) and every other stdlib constant (``SO_*``, ``TCP_*``,
+    ``EAI_*``, ...)."""
+    if name in ("SSLSocket", "ssl_wrap_socket"):
+        from rsock import _ssl
+
+        return _ssl.SSLSocket if name == "SSLSocket" else _ssl.wrap_socket
     if name.isupper() and hasattr(_std, name):
         return getattr(_std, name)
     raise AttributeError(f"module 'rsock' has no attribute {name!r}")

@@ -42,6 +42,13 @@ The methods are class attributes of ``asyncio.base_events.BaseEventLoop``,
 Python subclass of uvloop's Cython loop): set at ``patch()`` for modules
 already imported, else right after the module's first import (a
 ``sys.meta_path`` finder wraps its loader), and removed by ``unpatch()``.
+
+TLS: ``ssl.SSLContext.wrap_socket`` is replaced the same way (now if ``ssl``
+is imported, else at its import): given an rsock socket it returns
+:class:`rsock._ssl.SSLSocket` (TLS through ``ssl.MemoryBIO``/``SSLObject``,
+since OpenSSL cannot do its I/O on an rsock connection), and calls the
+original for anything else.  While patched, ``isinstance(x, socket.socket)``
+holds for those TLS sockets too, as it does for ``ssl.SSLSocket``.
 """
 
 from __future__ import annotations
@@ -74,7 +81,8 @@ _saved: dict[str, Any] = {}
 # What went where, for tests and ``python -m rsock run --report``: sockets the
 # patched class created per transport, connections made ("connect:<provider>")
 # and accepted ("accept:<provider>") by the rsock sockets it created or by the
-# asyncio calls routed to rsock.asyncio, and those calls ("asyncio:<method>").
+# asyncio calls routed to rsock.asyncio, and those calls ("asyncio:<method>");
+# SSLContext.wrap_socket calls given an rsock socket ("ssl:wrap_socket").
 _counts: Counter[str] = Counter()
 _counts_lock = threading.Lock()
 
@@ -140,17 +148,28 @@ class _TrackedSocket(_rs.socket):
 
 class _SocketMeta(type):
     """``isinstance``/``issubclass`` against the patched class accept stdlib
-    and rsock sockets; its subclasses keep the ordinary rules."""
+    and rsock sockets (rsock's TLS sockets included); its subclasses keep the
+    ordinary rules."""
 
     def __instancecheck__(cls, instance: Any) -> bool:
         if cls is socket:
-            return isinstance(instance, (_Std, _rs.socket))
+            return isinstance(instance, _socket_classes())
         return super().__instancecheck__(instance)
 
     def __subclasscheck__(cls, subclass: Any) -> bool:
         if cls is socket:
-            return issubclass(subclass, (_Std, _rs.socket))
+            return issubclass(subclass, _socket_classes())
         return super().__subclasscheck__(subclass)
+
+
+def _socket_classes() -> tuple[type, ...]:
+    """The classes the patched ``socket.socket`` stands for: the stdlib's,
+    rsock's, and rsock's TLS socket once that module is loaded (the stdlib's
+    ``ssl.SSLSocket`` is a ``socket.socket`` too)."""
+    tls = sys.modules.get("rsock._ssl")
+    if tls is None:
+        return (_Std, _rs.socket)
+    return (_Std, _rs.socket, tls.SSLSocket)
 
 
 class socket(_Std, metaclass=_SocketMeta):
@@ -195,7 +214,7 @@ def patch() -> None:
         # the loops: now for modules already imported, at import for the others
         # (a module that another thread is importing right now is missed)
         sys.meta_path.insert(0, _finder)
-        for name in _LOOP_METHODS:
+        for name in _HOOKED:
             module = sys.modules.get(name)
             if module is not None and not _initializing(module):
                 _patch_loops(module)
@@ -262,6 +281,13 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 
+# ssl: SSLContext.wrap_socket hands rsock sockets to rsock._ssl
+_SSL_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
+    "ssl": {"SSLContext": ("wrap_socket",)},
+}
+# every module whose classes patch() changes: now, or when it is imported
+_HOOKED: dict[str, dict[str, tuple[str, ...]]] = {**_LOOP_METHODS, **_SSL_METHODS}
+
 _MISSING: Any = object()
 # (class, name) -> (what the class's own __dict__ held, _MISSING if nothing; our wrapper)
 _installed: dict[tuple[type, str], tuple[Any, Any]] = {}
@@ -325,7 +351,7 @@ def _keywords(original: Any, supported: frozenset[str]) -> frozenset[str]:
 
 def _patch_loops(module: types.ModuleType) -> None:
     """Installs the wrappers on ``module``'s loop classes (``_lock`` held)."""
-    for cls_name, names in _LOOP_METHODS.get(module.__name__, {}).items():
+    for cls_name, names in _HOOKED.get(module.__name__, {}).items():
         cls = getattr(module, cls_name, None)
         if not isinstance(cls, type):
             continue
@@ -347,7 +373,7 @@ def _imported(module: types.ModuleType) -> None:
 
 
 class _HookLoader(importlib.abc.Loader):
-    """The real loader of a module in ``_LOOP_METHODS``, plus the patching once
+    """The real loader of a module in ``_HOOKED``, plus the patching once
     it has run.  The module and its spec get the real loader back first."""
 
     def __init__(self, loader: Any, spec: importlib.machinery.ModuleSpec) -> None:
@@ -370,13 +396,13 @@ class _HookLoader(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a module in ``_LOOP_METHODS`` it asks the
+    """Finds nothing itself: for a module in ``_HOOKED`` it asks the
     finders after it and wraps the loader of what they found."""
 
     def find_spec(
         self, fullname: str, path: Any, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _LOOP_METHODS or not _active:
+        if fullname not in _HOOKED or not _active:
             return None
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
@@ -719,6 +745,19 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
             _ll.set_interest(h, _ll.POLLIN)
 
 
+def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:
+    @_wraps(original)
+    def wrap_socket(self: Any, sock: Any, *args: Any, **kw: Any) -> Any:
+        if not isinstance(sock, _rs.socket):
+            return original(self, sock, *args, **kw)
+        from rsock import _ssl as _rssl
+
+        _note("ssl:wrap_socket")
+        return _rssl.wrap_socket(self, sock, *args, **kw)
+
+    return wrap_socket
+
+
 _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "create_connection": _wrap_create_connection,
     "create_server": _wrap_create_server,
@@ -726,4 +765,5 @@ _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "start_tls": _wrap_start_tls,
     "sock_connect": _wrap_sock_connect,
     "sock_sendall": _wrap_sock_sendall,
+    "wrap_socket": _wrap_ssl_wrap_socket,
 }
