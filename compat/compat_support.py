@@ -22,7 +22,7 @@ from typing import Any
 
 COMPAT_DIR = Path(__file__).resolve().parent
 PROGRAMS = COMPAT_DIR / "programs"
-FAST_PROVIDER = "shm"
+FAST_PROVIDER = os.environ.get("RSOCK_PROVIDER") or "shm"  # make test-rdma: "verbs"
 TRANSPORTS = ["tcp", "rsock"]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 TESTS_DIR = Path(__file__).resolve().parent
 PEER_SCRIPT = TESTS_DIR / "peer.py"
-FAST_PROVIDER = "shm"
+FAST_PROVIDER = os.environ.get("RSOCK_PROVIDER") or "shm"  # make test-rdma: "verbs"
 MiB = 1 << 20
 
 

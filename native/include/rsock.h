@@ -151,6 +151,9 @@ int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog);
  * rsock listener is there. */
 int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
 		      const struct rsk_addr *dst, int timeout_ms);
+/* A connection's addresses as its connection manager saw them (for
+ * verbs: the RDMA addresses and rdma_cm ports). */
+int rsk_addrs(rsk_sock *s, struct rsk_addr *local, struct rsk_addr *peer);
 /* "shm" or "verbs" for a connection, "" otherwise. */
 const char *rsk_provider(rsk_sock *s);
 

@@ -1137,6 +1137,8 @@ static int eng_attach(rsk_sock *s, struct cm_result *res)
 	s->peer_rsize = res->peer_ring;
 	s->peer_q = res->peer_q;
 	s->peer_ring_off = prov_ctrl_len(res->peer_q);
+	s->laddr = res->dst;
+	s->paddr = res->src;
 	s->r_reposted = s->lq;
 	s->r_limit_sent = s->lq;
 	s->s_limit = res->peer_q;
@@ -1504,6 +1506,21 @@ int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
 		cm_result_release(&res);
 out:
 	eng_leave(s);
+	return rc;
+}
+
+int rsk_addrs(rsk_sock *s, struct rsk_addr *local, struct rsk_addr *peer)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->kind != K_CONN) {
+		rc = -ENOTCONN;
+	} else {
+		*local = s->laddr;
+		*peer = s->paddr;
+	}
+	pthread_mutex_unlock(&s->lock);
 	return rc;
 }
 

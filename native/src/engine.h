@@ -115,6 +115,8 @@ struct rsk_sock {
 	uint32_t peer_rsize;
 	uint32_t peer_q;
 	uint64_t peer_ring_off;
+	struct rsk_addr laddr; /* as the connection manager saw them */
+	struct rsk_addr paddr;
 
 	/* receive side */
 	uint64_t r_head;     /* consumed by the app */
@@ -146,8 +148,8 @@ struct cm_result {
 	uint32_t q;
 	uint32_t peer_ring;
 	uint32_t peer_q;
-	struct rsk_addr src;
-	struct rsk_addr dst;
+	struct rsk_addr src; /* the client's address (accept: the peer) */
+	struct rsk_addr dst; /* the address dialed (accept: ours) */
 };
 
 /* cm_local.c */

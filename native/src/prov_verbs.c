@@ -1114,6 +1114,7 @@ static void v_result(struct prov_qp *q, struct cm_result *res,
 	res->q = q->q;
 	res->peer_ring = peer_ring;
 	res->peer_q = peer_q;
+	/* (as cm_local's accept fills them: src = the peer, dst = ours) */
 	v_addr_out(&q->id->route.addr.src_addr, &res->dst);
 	v_addr_out(&q->id->route.addr.dst_addr, &res->src);
 }
