@@ -1294,18 +1294,8 @@ static int eng_accept_step(rsk_sock *s, struct cm_result *res)
 			s->pend_until[s->npend++] = now + CM_REQ_WAIT_NS;
 		}
 	}
-	if (s->vl) {
-		for (;;) {
-			rc = cm_verbs_accept(s->vl, &s->opts, res, s->detail,
-					     sizeof(s->detail));
-			if (rc == 0 || rc == -EMFILE || rc == -ENFILE ||
-			    rc == -ENOMEM)
-				return rc;
-			if (rc == -EAGAIN)
-				break;
-			/* refused: a bad request costs only its sender */
-		}
-	}
+	if (s->vl && cm_verbs_accept(s->vl, res) == 0)
+		return 0;
 	return -EAGAIN;
 }
 
@@ -1457,7 +1447,8 @@ int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog)
 	if (rc)
 		goto out;
 	s->detail[0] = 0;
-	rc = cm_verbs_listen(addr, backlog, &l, s->detail, sizeof(s->detail));
+	rc = cm_verbs_listen(addr, &s->opts, backlog, &l, s->detail,
+			     sizeof(s->detail));
 	if (rc)
 		goto out;
 	ev.data.fd = cm_verbs_listen_fd(l);

@@ -177,13 +177,16 @@ int cm_read_reject(int fd, char *detail, size_t dlen);
 struct cmv_listener;
 /* > 0 (the number of RDMA devices) when verbs can be used. */
 int cm_verbs_probe(char *detail, size_t dlen);
-int cm_verbs_listen(const struct rsk_addr *a, int backlog,
-		    struct cmv_listener **out, char *detail, size_t dlen);
+/* Listens on a; a service thread accepts requests at the CM level (up to
+ * backlog, with our side sized by o), so clients need not wait for
+ * accept(). */
+int cm_verbs_listen(const struct rsk_addr *a, const struct rsk_opts *o,
+		    int backlog, struct cmv_listener **out, char *detail,
+		    size_t dlen);
+/* Readable while an established connection waits. */
 int cm_verbs_listen_fd(struct cmv_listener *l);
-/* Never blocks: 0 with *res, -EAGAIN if no request is queued, another
- * -errno if the request at hand was refused (the listener goes on). */
-int cm_verbs_accept(struct cmv_listener *l, const struct rsk_opts *o,
-		    struct cm_result *res, char *detail, size_t dlen);
+/* Never blocks: 0 with *res, -EAGAIN if none is ready. */
+int cm_verbs_accept(struct cmv_listener *l, struct cm_result *res);
 void cm_verbs_listen_close(struct cmv_listener *l);
 int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 		     const struct rsk_addr *dst, int timeout_ms,

@@ -56,10 +56,12 @@ int cm_verbs_probe(char *detail, size_t dlen)
 	return no_verbs(detail, dlen);
 }
 
-int cm_verbs_listen(const struct rsk_addr *a, int backlog,
-		    struct cmv_listener **out, char *detail, size_t dlen)
+int cm_verbs_listen(const struct rsk_addr *a, const struct rsk_opts *o,
+		    int backlog, struct cmv_listener **out, char *detail,
+		    size_t dlen)
 {
 	(void)a;
+	(void)o;
 	(void)backlog;
 	*out = NULL;
 	return no_verbs(detail, dlen);
@@ -71,13 +73,11 @@ int cm_verbs_listen_fd(struct cmv_listener *l)
 	return -EBADF;
 }
 
-int cm_verbs_accept(struct cmv_listener *l, const struct rsk_opts *o,
-		    struct cm_result *res, char *detail, size_t dlen)
+int cm_verbs_accept(struct cmv_listener *l, struct cm_result *res)
 {
 	(void)l;
-	(void)o;
 	(void)res;
-	return no_verbs(detail, dlen);
+	return -EAGAIN;
 }
 
 void cm_verbs_listen_close(struct cmv_listener *l)
@@ -1215,13 +1215,191 @@ fail:
 
 /* --------------------------------------------------------------- listen */
 
+/*
+ * A listener runs a service thread (as rsockets does): connection requests
+ * are accepted at the CM level as they come, up to the backlog, the way a
+ * kernel TCP listener completes handshakes before accept().  So connect()
+ * does not wait for the server's accept(), and accept() hands out only
+ * established connections, each already moved to its own event channel
+ * (its liveness fd shows nothing but the peer's departure).
+ *
+ * Locking: `mu` protects the ready queue and `npend`; the engine calls
+ * cm_verbs_accept under its socket lock (order: socket lock -> mu).  The
+ * thread owns the listening id, its channel and the pending list.
+ */
+struct vpend {
+	struct prov_qp *q;
+	uint32_t peer_q, peer_ring;
+	int64_t until; /* ms: drop if not established by then */
+};
+
 struct cmv_listener {
 	struct rdma_event_channel *ch;
 	struct rdma_cm_id *id;
+	struct rsk_opts o;
+	int backlog;
+	int stop_fd;  /* eventfd: stop the thread */
+	int ready_fd; /* eventfd (semaphore): readable while a connection waits */
+	pthread_t thread;
+	int started;
+	pthread_mutex_t mu;
+	struct cm_result *ready; /* [backlog], a ring */
+	int r_head, r_count;
+	struct vpend *pend; /* [backlog] */
+	int npend;
 };
 
-int cm_verbs_listen(const struct rsk_addr *a, int backlog,
-		    struct cmv_listener **out, char *detail, size_t dlen)
+#define VL_ESTABLISH_MS 10000
+
+static void vl_drop_pend(struct cmv_listener *l, int i)
+{
+	vq_destroy(l->pend[i].q);
+	l->pend[i] = l->pend[--l->npend];
+}
+
+static int vl_find(struct cmv_listener *l, struct rdma_cm_id *id)
+{
+	int i;
+
+	for (i = 0; i < l->npend; i++)
+		if (l->pend[i].q->id == id)
+			return i;
+	return -1;
+}
+
+static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
+{
+	struct rdma_cm_id *id = ev->id;
+	struct rdma_conn_param cp;
+	struct vconn_data peer, mine;
+	struct prov_qp *q = NULL;
+	char why[160];
+	uint8_t refuse = VD_VERSION;
+	int rc, full;
+
+	pthread_mutex_lock(&l->mu);
+	full = l->r_count + l->npend >= l->backlog;
+	pthread_mutex_unlock(&l->mu);
+	rc = full ? -ECONNREFUSED :
+		    vd_parse(ev->param.conn.private_data,
+			     ev->param.conn.private_data_len, &peer, why,
+			     sizeof(why));
+	V.ack_cm_event(ev);
+	if (!rc)
+		rc = vq_create(id, &l->o, peer.qdepth, peer.ring_size, &q, why,
+			       sizeof(why));
+	if (rc) {
+		V.reject(id, &refuse, sizeof(refuse));
+		V.destroy_id(id);
+		return;
+	}
+	vq_set_peer(q, &peer);
+	vd_fill(q, &mine);
+	memset(&cp, 0, sizeof(cp));
+	cp.private_data = &mine;
+	cp.private_data_len = sizeof(mine);
+	cp.flow_control = 1;
+	cp.retry_count = 7;
+	cp.rnr_retry_count = 7;
+	if (V.accept(id, &cp)) {
+		vq_destroy(q);
+		return;
+	}
+	q->connected = 1;
+	pthread_mutex_lock(&l->mu);
+	l->pend[l->npend++] = (struct vpend){
+		.q = q,
+		.peer_q = peer.qdepth,
+		.peer_ring = peer.ring_size,
+		.until = v_now_ms() + VL_ESTABLISH_MS,
+	};
+	pthread_mutex_unlock(&l->mu);
+}
+
+static void vl_established(struct cmv_listener *l, int i)
+{
+	struct vpend p = l->pend[i];
+	struct rdma_event_channel *ch;
+	struct cm_result res;
+	char why[160];
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&l->mu);
+	l->pend[i] = l->pend[--l->npend];
+	pthread_mutex_unlock(&l->mu);
+	if (v_channel(&ch, why, sizeof(why))) {
+		vq_destroy(p.q);
+		return;
+	}
+	if (V.migrate_id(p.q->id, ch)) {
+		V.destroy_event_channel(ch);
+		vq_destroy(p.q);
+		return;
+	}
+	p.q->ch = ch;
+	v_result(p.q, &res, p.peer_q, p.peer_ring);
+	if (res.live_fd < 0) {
+		vq_destroy(p.q);
+		return;
+	}
+	pthread_mutex_lock(&l->mu);
+	l->ready[(l->r_head + l->r_count++) % l->backlog] = res;
+	pthread_mutex_unlock(&l->mu);
+	if (write(l->ready_fd, &one, sizeof(one)) < 0) {
+		/* cannot overflow: at most backlog */
+	}
+}
+
+static void *vl_main(void *arg)
+{
+	struct cmv_listener *l = arg;
+
+	for (;;) {
+		struct pollfd p[2] = {
+			{ .fd = l->ch->fd, .events = POLLIN },
+			{ .fd = l->stop_fd, .events = POLLIN },
+		};
+		struct rdma_cm_event *ev;
+		int64_t now;
+		int i;
+
+		if (poll(p, 2, 1000) < 0 && errno != EINTR)
+			break;
+		if (p[1].revents)
+			break;
+		while (V.get_cm_event(l->ch, &ev) == 0) {
+			if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+				vl_request(l, ev);
+				continue;
+			}
+			i = ev->id == l->id ? -1 : vl_find(l, ev->id);
+			if (i >= 0 && ev->event == RDMA_CM_EVENT_ESTABLISHED) {
+				V.ack_cm_event(ev);
+				vl_established(l, i);
+				continue;
+			}
+			V.ack_cm_event(ev);
+			if (i >= 0) { /* rejected, unreachable, disconnected */
+				pthread_mutex_lock(&l->mu);
+				vl_drop_pend(l, i);
+				pthread_mutex_unlock(&l->mu);
+			}
+		}
+		now = v_now_ms();
+		pthread_mutex_lock(&l->mu);
+		for (i = 0; i < l->npend;)
+			if (now > l->pend[i].until)
+				vl_drop_pend(l, i);
+			else
+				i++;
+		pthread_mutex_unlock(&l->mu);
+	}
+	return NULL;
+}
+
+int cm_verbs_listen(const struct rsk_addr *a, const struct rsk_opts *o,
+		    int backlog, struct cmv_listener **out, char *detail,
+		    size_t dlen)
 {
 	struct cmv_listener *l;
 	struct sockaddr_storage ss;
@@ -1230,13 +1408,26 @@ int cm_verbs_listen(const struct rsk_addr *a, int backlog,
 	*out = NULL;
 	if ((rc = v_addr_in(a, &ss)))
 		return rc;
+	if (backlog < 1)
+		backlog = 1;
+	if (backlog > 4096)
+		backlog = 4096;
 	l = calloc(1, sizeof(*l));
 	if (!l)
 		return -ENOMEM;
-	if ((rc = v_channel(&l->ch, detail, dlen))) {
-		free(l);
-		return rc;
+	l->o = *o;
+	l->backlog = backlog;
+	l->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	l->ready_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
+	l->ready = calloc((size_t)backlog, sizeof(*l->ready));
+	l->pend = calloc((size_t)backlog, sizeof(*l->pend));
+	pthread_mutex_init(&l->mu, NULL);
+	if (l->stop_fd < 0 || l->ready_fd < 0 || !l->ready || !l->pend) {
+		rc = -ENOMEM;
+		goto fail;
 	}
+	if ((rc = v_channel(&l->ch, detail, dlen)))
+		goto fail;
 	if (V.create_id(l->ch, &l->id, NULL, RDMA_PS_TCP)) {
 		rc = -errno;
 		goto fail;
@@ -1248,6 +1439,9 @@ int cm_verbs_listen(const struct rsk_addr *a, int backlog,
 			 a->port, strerror(errno));
 		goto fail;
 	}
+	if ((rc = -pthread_create(&l->thread, NULL, vl_main, l)))
+		goto fail;
+	l->started = 1;
 	*out = l;
 	return 0;
 fail:
@@ -1257,15 +1451,29 @@ fail:
 
 int cm_verbs_listen_fd(struct cmv_listener *l)
 {
-	return l->ch->fd;
+	return l->ready_fd;
 }
 
 void cm_verbs_listen_close(struct cmv_listener *l)
 {
 	struct rdma_cm_event *ev;
+	uint64_t one = 1;
 
 	if (!l)
 		return;
+	if (l->started) {
+		if (write(l->stop_fd, &one, sizeof(one)) < 0) {
+			/* cannot fail: the counter is far from full */
+		}
+		pthread_join(l->thread, NULL);
+	}
+	while (l->r_count) {
+		cm_result_release(&l->ready[l->r_head]);
+		l->r_head = (l->r_head + 1) % l->backlog;
+		l->r_count--;
+	}
+	while (l->npend)
+		vl_drop_pend(l, 0);
 	if (l->ch) {
 		/* refuse whoever is still queued */
 		while (V.get_cm_event(l->ch, &ev) == 0) {
@@ -1284,92 +1492,34 @@ void cm_verbs_listen_close(struct cmv_listener *l)
 		V.destroy_id(l->id);
 	if (l->ch)
 		V.destroy_event_channel(l->ch);
+	if (l->stop_fd >= 0)
+		close(l->stop_fd);
+	if (l->ready_fd >= 0)
+		close(l->ready_fd);
+	pthread_mutex_destroy(&l->mu);
+	free(l->ready);
+	free(l->pend);
 	free(l);
 }
 
-/* Takes one connection request off the listener (never blocks): 0 with
- * *res, -EAGAIN if none is there, another -errno if that request failed
- * (refused, the listener goes on). */
-int cm_verbs_accept(struct cmv_listener *l, const struct rsk_opts *o,
-		    struct cm_result *res, char *detail, size_t dlen)
+/* An established connection off the ready queue (never blocks): 0 with
+ * *res, -EAGAIN if none is there. */
+int cm_verbs_accept(struct cmv_listener *l, struct cm_result *res)
 {
-	struct rdma_cm_event *ev;
-	struct rdma_cm_id *id;
-	struct rdma_event_channel *ch = NULL;
-	struct rdma_conn_param cp;
-	struct vconn_data peer, mine;
-	struct prov_qp *q = NULL;
-	uint8_t pd[64];
-	size_t pdlen;
-	uint8_t refuse = VD_VERSION;
-	int rc;
+	uint64_t v;
+	int rc = -EAGAIN;
 
-	memset(res, 0, sizeof(*res));
-	res->live_fd = -1;
-	for (;;) {
-		if (V.get_cm_event(l->ch, &ev))
-			return errno == EAGAIN || errno == EWOULDBLOCK ?
-				       -EAGAIN :
-				       -errno;
-		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST)
-			break;
-		V.ack_cm_event(ev); /* nothing else concerns the listener */
+	pthread_mutex_lock(&l->mu);
+	if (l->r_count) {
+		*res = l->ready[l->r_head];
+		l->r_head = (l->r_head + 1) % l->backlog;
+		l->r_count--;
+		if (read(l->ready_fd, &v, sizeof(v)) < 0) {
+			/* counted one per queued connection: cannot be empty */
+		}
+		rc = 0;
 	}
-	id = ev->id;
-	pdlen = ev->param.conn.private_data_len;
-	if (pdlen > sizeof(pd))
-		pdlen = sizeof(pd);
-	if (pdlen && ev->param.conn.private_data)
-		memcpy(pd, ev->param.conn.private_data, pdlen);
-	else
-		pdlen = 0;
-	V.ack_cm_event(ev);
-
-	rc = vd_parse(pdlen ? pd : NULL, pdlen, &peer, detail, dlen);
-	if (rc)
-		goto refuse;
-	rc = vq_create(id, o, peer.qdepth, peer.ring_size, &q, detail, dlen);
-	if (rc)
-		goto refuse;
-	/* the connection gets its own channel: its events are its liveness */
-	if ((rc = v_channel(&ch, detail, dlen)))
-		goto refuse;
-	if (V.migrate_id(id, ch)) {
-		rc = -errno;
-		V.destroy_event_channel(ch);
-		goto refuse;
-	}
-	q->ch = ch;
-	vq_set_peer(q, &peer);
-	vd_fill(q, &mine);
-	memset(&cp, 0, sizeof(cp));
-	cp.private_data = &mine;
-	cp.private_data_len = sizeof(mine);
-	cp.flow_control = 1;
-	cp.retry_count = 7;
-	cp.rnr_retry_count = 7;
-	if (V.accept(id, &cp)) {
-		rc = -errno;
-		snprintf(detail, dlen, "verbs: rdma_accept: %s", strerror(errno));
-		vq_destroy(q);
-		return rc;
-	}
-	q->connected = 1;
-	v_result(q, res, peer.qdepth, peer.ring_size);
-	if (res->live_fd < 0) {
-		rc = -errno;
-		vq_destroy(q);
-		memset(res, 0, sizeof(*res));
-		res->live_fd = -1;
-		return rc;
-	}
-	return 0;
-refuse:
-	V.reject(id, &refuse, sizeof(refuse));
-	if (q)
-		vq_destroy(q); /* destroys id (and ch once migrated) */
-	else
-		V.destroy_id(id);
+	pthread_mutex_unlock(&l->mu);
 	return rc;
 }
 

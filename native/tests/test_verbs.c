@@ -146,6 +146,33 @@ static void test_stream(void)
 	rsk_free(v.l);
 }
 
+/* Like TCP, connect() completes before the server calls accept(). */
+static void test_connect_before_accept(void)
+{
+	rsk_sock *l, *c[3], *a;
+	char b[4];
+	int i;
+
+	CHECK_EQ(rsk_socket(&l), 0);
+	set_addr(next_port());
+	CHECK_EQ(rsk_listen_verbs(l, &addr, 8), 0);
+	for (i = 0; i < 3; i++) {
+		CHECK_EQ(rsk_socket(&c[i]), 0);
+		CHECK_EQ(rsk_connect_verbs(c[i], NULL, &addr, 10000), 0);
+		CHECK_EQ(rsk_send(c[i], "ab", 2, 0, 5000), 2);
+	}
+	for (i = 0; i < 3; i++) {
+		CHECK_EQ(rsk_accept(l, 10000, &a, NULL, NULL), 0);
+		CHECK_EQ(rsk_recv(a, b, 2, RSK_F_WAITALL, 10000), 2);
+		CHECK(memcmp(b, "ab", 2) == 0);
+		rsk_free(a);
+	}
+	CHECK_EQ(rsk_accept(l, 0, &a, NULL, NULL), -EAGAIN);
+	for (i = 0; i < 3; i++)
+		rsk_free(c[i]);
+	rsk_free(l);
+}
+
 static void test_refused(void)
 {
 	rsk_sock *c;
@@ -246,6 +273,7 @@ int main(int argc, char **argv)
 		return th_summary();
 	}
 	RUN(test_stream);
+	RUN(test_connect_before_accept);
 	RUN(test_refused);
 	RUN(test_peer_death);
 	return th_summary();
