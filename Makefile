@@ -102,3 +102,37 @@ SOAK_ARGS ?=
 .PHONY: soak
 soak: venv
 	$(VPY) tests/soak.py --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
+
+# Fuzzing (native/fuzz): each libFuzzer harness runs FUZZ_SECONDS (clang and its
+# libFuzzer runtime are installed if missing).  Where libFuzzer cannot be had (not
+# root, no package), the same harnesses run under gcc's ASan/UBSan with
+# native/fuzz/replay.c as driver: seed corpus, then random mutations, not
+# coverage-guided.
+FUZZ_SECONDS ?= 60
+
+.PHONY: fuzz
+fuzz:
+	@probe='int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }'; \
+	has_libfuzzer() { echo "$$probe" | clang -fsanitize=fuzzer,address,undefined -x c - -o /dev/null >/dev/null 2>&1; }; \
+	if ! has_libfuzzer && [ "$$(id -u)" -eq 0 ]; then \
+		echo "installing clang and its libFuzzer runtime"; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends clang || true; \
+		v=$$(clang --version 2>/dev/null | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -n1); \
+		[ -z "$$v" ] || apt-get install -y -qq --no-install-recommends "libclang-rt-$$v-dev" \
+			|| apt-get install -y -qq --no-install-recommends "libclang-common-$$v-dev" || true; \
+	fi; \
+	if has_libfuzzer; then \
+		$(MAKE) -C native fuzz FUZZ_SECONDS=$(FUZZ_SECONDS); \
+	else \
+		echo "fuzz: no clang with libFuzzer here (not root, or no package): running the" \
+			"harnesses under gcc ASan/UBSan with random mutations instead" >&2; \
+		$(MAKE) -C native fuzz-replay FUZZ_REPLAY_SECONDS=$(FUZZ_SECONDS); \
+	fi
+
+# Real RDMA: a qemu guest with Soft-RoCE (rdma_rxe) runs the verbs provider's C test,
+# the conformance suite with RSOCK_PROVIDER=verbs, the rsockets peer tests and the
+# rstream comparison (rdma/run-tests.sh; root, ~10-20 min under emulation; the guest
+# image is cached in build/rxe-vm).
+.PHONY: test-rdma
+test-rdma: venv
+	bash rdma/run-tests.sh

@@ -250,19 +250,20 @@ def _ifaddr4(ifname: str) -> str | None:
     return _std.inet_ntoa(res[20:24])
 
 
-def _verbs_host(family: int, host: str) -> str:
+def _verbs_target(family: int, host: str) -> tuple[int, str]:
     """rdma_cm cannot route loopback addresses (on rxe it answers ENODEV):
-    RSOCK_PROVIDER=verbs on 127.0.0.1 uses the address of the first RDMA
-    device's network interface instead (or RSOCK_VERBS_LOOPBACK)."""
+    RSOCK_PROVIDER=verbs on 127.0.0.1 or ::1 uses the IPv4 address of the
+    first RDMA device's network interface instead (or RSOCK_VERBS_LOOPBACK).
+    Returns the (family, host) to hand to rdma_cm."""
     try:
         loop = ipaddress.ip_address(host.split("%")[0]).is_loopback
     except ValueError:
-        return host
-    if not loop or family != _std.AF_INET:
-        return host
+        return family, host
+    if not loop:
+        return family, host
     env = os.environ.get("RSOCK_VERBS_LOOPBACK", "")
     if env:
-        return env
+        return _std.AF_INET, env
     import glob
 
     for nd in sorted(glob.glob("/sys/class/infiniband/*/ports/*/gid_attrs/ndevs/0")):
@@ -273,8 +274,12 @@ def _verbs_host(family: int, host: str) -> str:
             continue
         a = _ifaddr4(name) if name else None
         if a:
-            return a
-    return host
+            return _std.AF_INET, a
+    return family, host
+
+
+def _verbs_host(family: int, host: str) -> str:
+    return _verbs_target(family, host)[1]
 
 
 def _v4_mapped(addr: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -815,7 +820,8 @@ class socket:
                 raise _ll.oserror(rc)
         # remote RDMA clients (rdma_cm has its own port space: same number)
         if self._provider_name == "verbs" or verbs_available()[0] > 0:
-            rc = _ll.listen_verbs(h, self._family, _verbs_host(self._family, host), port, backlog)
+            vfam, vhost = _verbs_target(self._family, host)
+            rc = _ll.listen_verbs(h, vfam, vhost, port, backlog)
             if rc < 0 and self._provider_name == "verbs":
                 raise _ll.oserror(rc, _ll.detail(h))
         # plain TCP clients are served on the same port: the kernel listener
@@ -856,6 +862,13 @@ class socket:
             # the client's announced addresses are not ours: use what we know
             local = mine
             peer = peer or mine
+        if local[0] != mine[0] and local[0] == _verbs_host(self._family, str(mine[0])):
+            # RSOCK_PROVIDER=verbs on loopback (mapped to the RDMA device's
+            # address): show the connection as the loopback one it stands for
+            v6 = (0, 0) if self._family == _std.AF_INET6 else ()
+            if peer[0] == local[0]:
+                peer = (mine[0], peer[1], *v6)
+            local = (mine[0], local[1], *v6)
         if self._family == _std.AF_INET6:
             # an IPv4 client of a dual-stack listener
             peer, local = _v4_mapped(peer), _v4_mapped(local)
@@ -952,15 +965,24 @@ class socket:
         """Connects over rdma_cm.  Address and route resolution cannot be
         left half-done like a TCP SYN, so a non-blocking connect waits for
         them too (bounded: 10 s)."""
-        vdst = (_verbs_host(self._family, str(dst[0])), *dst[1:])
+        vfam, vhost = _verbs_target(self._family, str(dst[0]))
+        vdst = (vhost, *dst[1:]) if vfam == self._family else (vhost, dst[1])
         while True:
-            rc = _ll.connect_verbs(h, self._family, None, vdst, timeout_ms or 10000)
+            rc = _ll.connect_verbs(h, vfam, None, vdst, timeout_ms or 10000)
             if rc != -_errno.EINTR:
                 break
         if rc >= 0:
             core.connected = True
             core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
             self._provider_name = "verbs"
+            local, _ = _ll.conn_addrs(h)
+            if local is not None:
+                # the rdma_cm port; the host as dialed when loopback was mapped
+                mine = self._reserve().getsockname()
+                if vdst[0] != dst[0]:
+                    core.local = (mine[0], local[1], *mine[2:])
+                elif vfam == self._family:
+                    core.local = local
         else:
             core.detail = _ll.detail(h)
         return rc
