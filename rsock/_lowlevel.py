@@ -158,6 +158,10 @@ def connect(
     return int(lib.rsk_connect(h.ptr, name, len(name), s, d, timeout_ms))
 
 
+VF_LOOPBACK4 = int(lib.RSK_VF_LOOPBACK4)
+VF_LOOPBACK6 = int(lib.RSK_VF_LOOPBACK6)
+
+
 def verbs_probe() -> tuple[int, str]:
     """(number of RDMA devices, or -errno; one sentence saying so)."""
     buf = ffi.new("char[]", 200)
@@ -172,7 +176,12 @@ def listen_verbs(h: Handle, family: int, host: str, port: int, backlog: int) -> 
 
 
 def connect_verbs(
-    h: Handle, family: int, src: tuple[Any, ...] | None, dst: tuple[Any, ...], timeout_ms: int
+    h: Handle,
+    family: int,
+    src: tuple[Any, ...] | None,
+    dst: tuple[Any, ...],
+    flags: int,
+    timeout_ms: int,
 ) -> int:
     d = ffi.new("struct rsk_addr *")
     _fill_addr(d, family, dst[0], dst[1], *(dst[2:4] if len(dst) >= 4 else (0, 0)))
@@ -180,7 +189,17 @@ def connect_verbs(
     if src is not None:
         s = ffi.new("struct rsk_addr *")
         _fill_addr(s, family, src[0], src[1], *(src[2:4] if len(src) >= 4 else (0, 0)))
-    return int(lib.rsk_connect_verbs(h.ptr, s, d, timeout_ms))
+    return int(lib.rsk_connect_verbs(h.ptr, s, d, flags, timeout_ms))
+
+
+def conn_addrs(h: Handle) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]:
+    """(local, peer) as the connection manager saw them."""
+    a = ffi.new("struct rsk_addr *")
+    b = ffi.new("struct rsk_addr *")
+    if lib.rsk_addrs(h.ptr, a, b) < 0:
+        return None, None
+    la, pa = _read_addr(a), _read_addr(b)
+    return (la[1] if la else None), (pa[1] if pa else None)
 
 
 def provider(h: Handle) -> str:

@@ -967,8 +967,12 @@ class socket:
         them too (bounded: 10 s)."""
         vfam, vhost = _verbs_target(self._family, str(dst[0]))
         vdst = (vhost, *dst[1:]) if vfam == self._family else (vhost, dst[1])
+        flags = 0
+        if vhost != dst[0]:  # loopback, mapped: the server shows it as such
+            six = self._family == _std.AF_INET6 and ":" in str(dst[0])
+            flags = _ll.VF_LOOPBACK6 if six else _ll.VF_LOOPBACK4
         while True:
-            rc = _ll.connect_verbs(h, vfam, None, vdst, timeout_ms or 10000)
+            rc = _ll.connect_verbs(h, vfam, None, vdst, flags, timeout_ms or 10000)
             if rc != -_errno.EINTR:
                 break
         if rc >= 0:

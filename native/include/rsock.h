@@ -148,9 +148,13 @@ int rsk_verbs_probe(char *detail, size_t dlen);
  * not the kernel's TCP ports: the same port number is fine). */
 int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog);
 /* Connects over rdma_cm to dst (src may be NULL); -ECONNREFUSED if no
- * rsock listener is there. */
+ * rsock listener is there.  flags: RSK_VF_LOOPBACK4/6 when dst stands in
+ * for the loopback address the application dialed (rdma_cm cannot route
+ * loopback); the server then shows the connection as a loopback one. */
+#define RSK_VF_LOOPBACK4 1
+#define RSK_VF_LOOPBACK6 2
 int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
-		      const struct rsk_addr *dst, int timeout_ms);
+		      const struct rsk_addr *dst, int flags, int timeout_ms);
 /* A connection's addresses as its connection manager saw them (for
  * verbs: the RDMA addresses and rdma_cm ports). */
 int rsk_addrs(rsk_sock *s, struct rsk_addr *local, struct rsk_addr *peer);

@@ -1465,7 +1465,7 @@ out:
 }
 
 int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
-		      const struct rsk_addr *dst, int timeout_ms)
+		      const struct rsk_addr *dst, int flags, int timeout_ms)
 {
 	struct cm_result res;
 	struct rsk_opts o;
@@ -1482,7 +1482,7 @@ int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
 	o = s->opts;
 	s->detail[0] = 0;
 	pthread_mutex_unlock(&s->lock);
-	rc = cm_verbs_connect(&o, src, dst, timeout_ms, &res, s->detail,
+	rc = cm_verbs_connect(&o, src, dst, flags, timeout_ms, &res, s->detail,
 			      sizeof(s->detail));
 	pthread_mutex_lock(&s->lock);
 	if (rc)

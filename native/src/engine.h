@@ -189,7 +189,7 @@ int cm_verbs_listen_fd(struct cmv_listener *l);
 int cm_verbs_accept(struct cmv_listener *l, struct cm_result *res);
 void cm_verbs_listen_close(struct cmv_listener *l);
 int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
-		     const struct rsk_addr *dst, int timeout_ms,
+		     const struct rsk_addr *dst, int flags, int timeout_ms,
 		     struct cm_result *res, char *detail, size_t dlen);
 
 /* time helpers */

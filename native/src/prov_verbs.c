@@ -86,9 +86,10 @@ void cm_verbs_listen_close(struct cmv_listener *l)
 }
 
 int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
-		     const struct rsk_addr *dst, int timeout_ms,
+		     const struct rsk_addr *dst, int flags, int timeout_ms,
 		     struct cm_result *res, char *detail, size_t dlen)
 {
+	(void)flags;
 	(void)o;
 	(void)src;
 	(void)dst;
@@ -299,7 +300,8 @@ int cm_verbs_probe(char *detail, size_t dlen)
 /* CM private data of REQ and REP (network byte order). */
 struct vconn_data {
 	uint8_t version;
-	uint8_t flags;    /* 0 (reserved) */
+	uint8_t flags;    /* REQ: RSK_VF_LOOPBACK4/6 (the client dialed
+			   * 127.0.0.1/::1, see rsk_connect_verbs); REP: 0 */
 	uint16_t qdepth;  /* receives we posted = the peer's message credits */
 	uint32_t ring_size;
 	uint64_t addr;    /* our recv area */
@@ -1120,7 +1122,7 @@ static void v_result(struct prov_qp *q, struct cm_result *res,
 }
 
 int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
-		     const struct rsk_addr *dst, int timeout_ms,
+		     const struct rsk_addr *dst, int flags, int timeout_ms,
 		     struct cm_result *res, char *detail, size_t dlen)
 {
 	struct rdma_event_channel *ch;
@@ -1176,6 +1178,7 @@ int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 		goto fail;
 	q->ch = ch;
 	vd_fill(q, &mine);
+	mine.flags = (uint8_t)(flags & (RSK_VF_LOOPBACK4 | RSK_VF_LOOPBACK6));
 	memset(&cp, 0, sizeof(cp));
 	cp.private_data = &mine;
 	cp.private_data_len = sizeof(mine);
@@ -1230,6 +1233,7 @@ fail:
 struct vpend {
 	struct prov_qp *q;
 	uint32_t peer_q, peer_ring;
+	int flags; /* the client's RSK_VF_* */
 	int64_t until; /* ms: drop if not established by then */
 };
 
@@ -1250,6 +1254,7 @@ struct cmv_listener {
 };
 
 #define VL_ESTABLISH_MS 10000
+#define VL_MIN_BACKLOG 64
 
 static void vl_drop_pend(struct cmv_listener *l, int i)
 {
@@ -1273,6 +1278,7 @@ static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
 	struct rdma_conn_param cp;
 	struct vconn_data peer, mine;
 	struct prov_qp *q = NULL;
+	struct rsk_opts o;
 	char why[160];
 	uint8_t refuse = VD_VERSION;
 	int rc, full;
@@ -1285,9 +1291,15 @@ static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
 			     ev->param.conn.private_data_len, &peer, why,
 			     sizeof(why));
 	V.ack_cm_event(ev);
-	if (!rc)
-		rc = vq_create(id, &l->o, peer.qdepth, peer.ring_size, &q, why,
+	/* as with cm_local, the client decides the geometry of both sides;
+	 * inline size and spin time are the listener's */
+	o = l->o;
+	if (!rc) {
+		o.ring_size = peer.ring_size;
+		o.qdepth = peer.qdepth;
+		rc = vq_create(id, &o, peer.qdepth, peer.ring_size, &q, why,
 			       sizeof(why));
+	}
 	if (rc) {
 		V.reject(id, &refuse, sizeof(refuse));
 		V.destroy_id(id);
@@ -1311,6 +1323,7 @@ static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
 		.q = q,
 		.peer_q = peer.qdepth,
 		.peer_ring = peer.ring_size,
+		.flags = peer.flags,
 		.until = v_now_ms() + VL_ESTABLISH_MS,
 	};
 	pthread_mutex_unlock(&l->mu);
@@ -1341,6 +1354,27 @@ static void vl_established(struct cmv_listener *l, int i)
 	if (res.live_fd < 0) {
 		vq_destroy(p.q);
 		return;
+	}
+	if (p.flags & (RSK_VF_LOOPBACK4 | RSK_VF_LOOPBACK6)) {
+		/* show it as the loopback connection it stands for */
+		static const uint8_t lo6[16] = { [15] = 1 };
+		struct rsk_addr *e[2] = { &res.src, &res.dst };
+		int i;
+
+		for (i = 0; i < 2; i++) {
+			uint16_t port = e[i]->port;
+
+			memset(e[i], 0, sizeof(*e[i]));
+			e[i]->port = port;
+			if (p.flags & RSK_VF_LOOPBACK6) {
+				e[i]->family = AF_INET6;
+				memcpy(e[i]->addr, lo6, 16);
+			} else {
+				e[i]->family = AF_INET;
+				e[i]->addr[0] = 127;
+				e[i]->addr[3] = 1;
+			}
+		}
 	}
 	pthread_mutex_lock(&l->mu);
 	l->ready[(l->r_head + l->r_count++) % l->backlog] = res;
@@ -1408,8 +1442,11 @@ int cm_verbs_listen(const struct rsk_addr *a, const struct rsk_opts *o,
 	*out = NULL;
 	if ((rc = v_addr_in(a, &ss)))
 		return rc;
-	if (backlog < 1)
-		backlog = 1;
+	/* A kernel TCP listener keeps SYNs waiting when its backlog is full;
+	 * rdma_cm cannot leave a connect half-done for long, so hold at least
+	 * VL_MIN_BACKLOG established connections rather than refuse. */
+	if (backlog < VL_MIN_BACKLOG)
+		backlog = VL_MIN_BACKLOG;
 	if (backlog > 4096)
 		backlog = 4096;
 	l = calloc(1, sizeof(*l));

@@ -70,7 +70,7 @@ static void test_no_device(void)
 	set_addr(next_port());
 	CHECK_EQ(rsk_listen_verbs(s, &addr, 8), rc);
 	CHECK(strstr(rsk_detail(s), "verbs provider:") != NULL);
-	CHECK_EQ(rsk_connect_verbs(s, NULL, &addr, 1000), rc);
+	CHECK_EQ(rsk_connect_verbs(s, NULL, &addr, 0, 1000), rc);
 	rsk_free(s);
 }
 
@@ -120,7 +120,7 @@ static void test_stream(void)
 	CHECK_EQ(rsk_listen_verbs(v.l, &addr, 8), 0);
 	CHECK_EQ(pthread_create(&t, NULL, srv_main, &v), 0);
 	CHECK_EQ(rsk_socket(&c), 0);
-	CHECK_EQ(rsk_connect_verbs(c, NULL, &addr, 10000), 0);
+	CHECK_EQ(rsk_connect_verbs(c, NULL, &addr, 0, 10000), 0);
 	CHECK(strcmp(rsk_provider(c), "verbs") == 0);
 	while (sent < total) {
 		/* odd sizes: inline, staged, wrapping the staging area */
@@ -158,7 +158,7 @@ static void test_connect_before_accept(void)
 	CHECK_EQ(rsk_listen_verbs(l, &addr, 8), 0);
 	for (i = 0; i < 3; i++) {
 		CHECK_EQ(rsk_socket(&c[i]), 0);
-		CHECK_EQ(rsk_connect_verbs(c[i], NULL, &addr, 10000), 0);
+		CHECK_EQ(rsk_connect_verbs(c[i], NULL, &addr, 0, 10000), 0);
 		CHECK_EQ(rsk_send(c[i], "ab", 2, 0, 5000), 2);
 	}
 	for (i = 0; i < 3; i++) {
@@ -179,7 +179,7 @@ static void test_refused(void)
 
 	CHECK_EQ(rsk_socket(&c), 0);
 	set_addr(next_port()); /* nobody listens there */
-	CHECK_EQ(rsk_connect_verbs(c, NULL, &addr, 5000), -ECONNREFUSED);
+	CHECK_EQ(rsk_connect_verbs(c, NULL, &addr, 0, 5000), -ECONNREFUSED);
 	printf("# refused: %s\n", rsk_detail(c));
 	rsk_free(c);
 }
@@ -245,7 +245,7 @@ static int child_main(const char *port)
 	set_addr((uint16_t)atoi(port));
 	if (rsk_socket(&k))
 		return 1;
-	if ((rc = rsk_connect_verbs(k, NULL, &addr, 10000))) {
+	if ((rc = rsk_connect_verbs(k, NULL, &addr, 0, 10000))) {
 		fprintf(stderr, "# child: connect: %s (%s)\n", strerror(-rc),
 			rsk_detail(k));
 		return 1;
