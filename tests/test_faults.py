@@ -337,11 +337,6 @@ def test_fin_completion_delayed_past_close_is_still_eof() -> None:
 
 
 @pytest.mark.timeout_s(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine.c rsk_send: send_error() consumes so_error although bytes went out "
-    "in this call; the call returns the partial count and the next one says EPIPE",
-)
 def test_reset_during_a_partial_send_is_reported() -> None:
     """The queue pair breaks after the first of the three messages one sendall of
     600 KiB takes: as with TCP, sendall must raise ConnectionResetError (the reset
@@ -359,14 +354,6 @@ def test_reset_after_partial_waitall_recv_is_reported(
     """A recv(MSG_WAITALL) that copied some bytes and then met a reset returns those
     bytes; the reset must still be reported by the next call, as TCP does, not turn
     into a clean EOF (which would hide a truncated stream)."""
-    if transport == "rsock":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="engine.c rsk_recv: recv_end() consumes so_error although bytes "
-                "were copied in this call; the next call then reports EOF",
-            )
-        )
     client, server = connected_pair(sockmod)
     with client, server:
         server.sendall(b"x")  # left unread: the client's close is abortive

@@ -435,6 +435,15 @@ static void eng_handle_recv(rsk_sock *s, const struct prov_wc *wc)
 	struct eng_ctrl m;
 	int rc;
 
+	if (wc->wr_id != (PROV_WRID_RECV | slot)) {
+		/* receives complete in the order they were posted: another
+		 * one means a completion was lost (or forged) */
+		eng_fail(s, ECONNRESET, 1,
+			 "provider %s: receive completion %llu out of order "
+			 "(expected slot %u)", s->ops->name,
+			 (unsigned long long)(wc->wr_id & ~PROV_WRID_RECV), slot);
+		return;
+	}
 	s->r_msgs++;
 	rc = s->ops->post_recv(s->qp, PROV_WRID_RECV | slot);
 	if (rc) {
@@ -762,13 +771,15 @@ static int eng_take_dead(rsk_sock *s, int after)
 	return e ? -e : after;
 }
 
-/* Error a send should report now, or 0. */
-static int send_error(rsk_sock *s)
+/* Error a send should report now, or 0.  keep: bytes already went out in
+ * this call (which returns their count), so the error stays pending for
+ * the next call, as TCP reports a reset after a partial send. */
+static int send_error(rsk_sock *s, int keep)
 {
 	if (s->kind != K_CONN)
 		return -EPIPE;
 	if (s->flags & F_DEAD)
-		return eng_take_dead(s, -EPIPE);
+		return keep ? -EPIPE : eng_take_dead(s, -EPIPE);
 	if (s->flags & F_WR_SHUT)
 		return -EPIPE;
 	if (s->flags & F_PEER_GONE)
@@ -790,7 +801,7 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 	if (s->kind == K_CONN && (s->flags & F_PEER_FIN) &&
 	    !(s->flags & F_PEER_GONE))
 		eng_check_live(s); /* a peer that closed makes sends fail */
-	while ((rc = send_error(s)) == 0 && (done < len || len == 0)) {
+	while ((rc = send_error(s, done > 0)) == 0 && (done < len || len == 0)) {
 		uint64_t space;
 		uint32_t n, credits;
 		struct iovec iov;
@@ -798,7 +809,7 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 		if (len == 0)
 			break;
 		eng_progress(s);
-		if ((rc = send_error(s)))
+		if ((rc = send_error(s, done > 0)))
 			break;
 		space = ring_contig_space(s->s_acked, s->s_tail, s->peer_rsize);
 		credits = eng_credits(s);
@@ -824,7 +835,7 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 				      ring_off(s->s_tail, s->peer_rsize),
 			      IMM(OP_DATA, n), n <= s->opts.inline_max);
 		if (rc) {
-			rc = eng_take_dead(s, -EPIPE);
+			rc = done ? -ECONNRESET : eng_take_dead(s, -EPIPE);
 			break;
 		}
 		s->s_tail += n;
@@ -838,13 +849,15 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 	return rc == -ETIMEDOUT && nb ? -EAGAIN : rc;
 }
 
-/* Error or EOF (returns 0) a receive with no data should report. */
-static int recv_end(rsk_sock *s)
+/* Error or EOF (returns 0) a receive with no data should report.  keep:
+ * this call already copied bytes (and returns them): a pending error stays
+ * for the next call instead of turning into EOF. */
+static int recv_end(rsk_sock *s, int keep)
 {
 	if (s->kind != K_CONN)
 		return -ENOTCONN;
 	if (s->flags & F_DEAD)
-		return eng_take_dead(s, 0);
+		return keep && s->so_error ? -s->so_error : eng_take_dead(s, 0);
 	if (s->flags & (F_PEER_FIN | F_RD_SHUT))
 		return 0;
 	if (s->flags & F_PEER_GONE)
@@ -860,8 +873,9 @@ static void eng_consume(rsk_sock *s, size_t n)
 		eng_flush_ctrl(s);
 }
 
-/* Wait for data; returns bytes readable (> 0), 0 at EOF, or -errno. */
-static ssize_t recv_wait(rsk_sock *s, int flags, int64_t deadline)
+/* Wait for data; returns bytes readable (> 0), 0 at EOF, or -errno.
+ * keep: see recv_end. */
+static ssize_t recv_wait(rsk_sock *s, int flags, int64_t deadline, int keep)
 {
 	int nb = (flags & RSK_F_DONTWAIT) || deadline == -2;
 	int rc;
@@ -869,7 +883,7 @@ static ssize_t recv_wait(rsk_sock *s, int flags, int64_t deadline)
 	for (;;) {
 		if (!s->rx_busy && s->r_tail != s->r_head)
 			return (ssize_t)(s->r_tail - s->r_head);
-		if (!s->rx_busy && (rc = recv_end(s)) <= 0)
+		if (!s->rx_busy && (rc = recv_end(s, keep)) <= 0)
 			return rc;
 		rc = eng_wait(s, recv_ready, deadline, nb);
 		if (rc)
@@ -895,7 +909,7 @@ ssize_t rsk_recv(rsk_sock *s, void *buf, size_t len, int flags,
 	}
 	for (;;) {
 		avail = recv_wait(s, done ? flags | RSK_F_DONTWAIT : flags,
-				  deadline);
+				  deadline, done > 0);
 		if (avail <= 0)
 			break;
 		while (avail > 0 && done < len) {
@@ -913,7 +927,7 @@ ssize_t rsk_recv(rsk_sock *s, void *buf, size_t len, int flags,
 		    (flags & RSK_F_PEEK))
 			break;
 		/* WAITALL: go on blocking for the rest */
-		avail = recv_wait(s, flags, deadline);
+		avail = recv_wait(s, flags, deadline, done > 0);
 		if (avail <= 0)
 			break;
 	}
@@ -935,7 +949,7 @@ ssize_t rsk_recv_zc(rsk_sock *s, size_t len, int flags, int timeout_ms,
 	 * receive may share the out-pointer (it waits on rx_busy) */
 	if ((rc = eng_enter(s)))
 		return rc;
-	avail = recv_wait(s, flags, deadline);
+	avail = recv_wait(s, flags, deadline, 0);
 	if (avail > 0 && len > 0) {
 		c = ring_contig_data(s->r_head, s->r_tail, s->rsize);
 		avail = (ssize_t)(len < c ? len : c);
