@@ -261,6 +261,19 @@ raw_recv: Any = lib.rsk_recv
 raw_from_buffer: Any = ffi.from_buffer
 
 
+def release(*bufs: Any) -> None:
+    """Releases cffi buffers (from_buffer) now.  Called when an exception
+    leaves a method: its traceback keeps the frames, and a buffer still
+    exported from a memoryview slice kept alive in a reference cycle crashes
+    CPython 3.11 at exit (CPython issue #77894)."""
+    for b in bufs:
+        if b is not None:
+            try:
+                ffi.release(b)
+            except (TypeError, ValueError):
+                pass
+
+
 def shutdown(h: Handle, how: int) -> int:
     return int(lib.rsk_shutdown(h.ptr, how))
 

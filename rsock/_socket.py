@@ -41,6 +41,7 @@ from rsock import _lowlevel as _ll
 _raw_send = _ll.raw_send
 _raw_recv = _ll.raw_recv
 _raw_from_buffer = _ll.raw_from_buffer
+_release = _ll.release
 
 __all__ = [
     "socket",
@@ -1129,8 +1130,13 @@ class socket:
                 rc: int = _raw_send(h.ptr, cbuf, len(cbuf), 0, -1)
                 if rc >= 0:
                     return rc
+                _release(cbuf)  # the slow path may raise (see _ll.release)
         buf = self._cbuf(data)
-        return self._call(_ll.send, buf, len(buf), self._flags(flags))
+        try:
+            return self._call(_ll.send, buf, len(buf), self._flags(flags))
+        except BaseException:
+            _release(buf)
+            raise
 
     def sendall(self, data: Buffer, flags: int = 0, /) -> None:
         h = self._h
@@ -1145,6 +1151,7 @@ class socket:
                 rc = _raw_send(h.ptr, buf, n, 0, -1)
                 if rc == n:
                     return
+                _release(buf)  # the slow path may raise (see _ll.release)
                 # interrupted or failed: the slow path resumes after rc bytes
                 self._sendall(data, flags, max(rc, 0))
                 return
@@ -1152,6 +1159,13 @@ class socket:
 
     def _sendall(self, data: Buffer, flags: int, done: int) -> None:
         buf = self._cbuf(data)
+        try:
+            self._sendall_buf(buf, flags, done)
+        except BaseException:
+            _release(buf)
+            raise
+
+    def _sendall_buf(self, buf: Any, flags: int, done: int) -> None:
         f = self._flags(flags)
         n = len(buf)
         h = self._handle()
@@ -1198,6 +1212,15 @@ class socket:
         except TypeError:
             raise TypeError("sendmsg() argument 1 must be an iterable") from None
         bufs = [self._cbuf(b) for b in items]
+        try:
+            return self._sendmsg_bufs(bufs, items, ancdata, flags, address)
+        except BaseException:
+            _release(*bufs)
+            raise
+
+    def _sendmsg_bufs(
+        self, bufs: list[Any], items: list[Any], ancdata: Iterable[Any], flags: int, address: Any
+    ) -> int:
         _check_ancdata(ancdata)
         f = self._flags(flags)
         if address is not None:
@@ -1272,6 +1295,7 @@ class socket:
                 rc: int = _raw_recv(h.ptr, buf, len(buf), 0, -1)
                 if rc >= 0:
                     return rc
+                _release(buf)  # the slow path may raise (see _ll.release)
         return self._recv_into(buffer, nbytes, flags)
 
     def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:
@@ -1283,8 +1307,13 @@ class socket:
         if nbytes == 0:
             nbytes = size
         elif nbytes > size:
+            _release(buf)
             raise ValueError("buffer too small for requested bytes")
-        return self._call(_ll.recv_into, buf, nbytes, self._flags(flags))
+        try:
+            return self._call(_ll.recv_into, buf, nbytes, self._flags(flags))
+        except BaseException:
+            _release(buf)
+            raise
 
     def recvfrom(self, bufsize: int, flags: int = 0, /) -> tuple[bytes, Any]:
         """``socket.recvfrom``: the address is None, as for a TCP socket."""
@@ -1321,6 +1350,15 @@ class socket:
             bufs = [_ll.from_buffer(b, True) for b in items]
         except (TypeError, BufferError):
             raise TypeError(msg) from None
+        try:
+            return self._recvmsg_into_bufs(bufs, ancbufsize, flags)
+        except BaseException:
+            _release(*bufs)
+            raise
+
+    def _recvmsg_into_bufs(
+        self, bufs: list[Any], ancbufsize: int, flags: int
+    ) -> tuple[int, list[tuple[int, int, bytes]], int, Any]:
         _check_ancbufsize(ancbufsize)
         f = self._flags(flags)
         h = self._handle()
