@@ -310,7 +310,7 @@ static void eng_fail(rsk_sock *s, int err, int tell_peer, const char *fmt, ...)
 
 	if (s->flags & F_DEAD)
 		return;
-	if (tell_peer && s->s_limit != s->s_msgs)
+	if (tell_peer && (s->rs || s->s_limit != s->s_msgs))
 		(void)eng_post_ctrl(s, OP_RESET);
 	s->flags |= F_DEAD;
 	s->err = err;
@@ -326,6 +326,169 @@ static void eng_fail(rsk_sock *s, int err, int tell_peer, const char *fmt, ...)
 static uint32_t eng_credits(const rsk_sock *s)
 {
 	return s->s_limit - s->s_msgs;
+}
+
+/* ---------------------------------------------- rsockets personality */
+
+/*
+ * librdmacm's rsockets stream protocol (PROTOCOL.md section 9).  Data goes
+ * where the peer's published SGEs say; the receiver publishes a free half
+ * of its ring (an rs_sge RDMA-written into the sender's target SGL, imm
+ * SGL | message limit) when its application has consumed one; message
+ * credits count *consumed* data messages (16-bit sequence numbers);
+ * control messages take no credit (RNR retry covers them).
+ */
+static int rs_post(rsk_sock *s, const struct iovec *iov, int iovcnt,
+		   uint64_t raddr, uint32_t rkey, uint32_t imm)
+{
+	int flags = 0;
+	uint64_t wr_id = 0;
+	int rc;
+
+	if (++s->s_unsignaled >= 16) {
+		flags |= PROV_SIGNALED;
+		wr_id = s->s_unsignaled;
+		s->s_unsignaled = 0;
+	}
+	rc = s->ops->post_write_at(s->qp, iov, iovcnt, raddr, rkey, imm,
+				   flags, wr_id);
+	if (rc) {
+		eng_fail(s, ECONNRESET, 0, "provider %s: post failed (%s)",
+			 s->ops->name, strerror(-rc));
+		return rc;
+	}
+	s->sq_out++;
+	return 0;
+}
+
+static uint32_t rs_half(const rsk_sock *s)
+{
+	return s->rsize >> 1;
+}
+
+static int rs_credit_due(const rsk_sock *s)
+{
+	return s->r_head + s->rsize - s->rs_pub >= rs_half(s) ||
+	       (int16_t)(s->rs_rseq_no - s->rs_rseq_comp) >= 0;
+}
+
+/* Publish a consumed half of the ring (or message credits only). */
+static int rs_send_credits(rsk_sock *s)
+{
+	uint32_t limit = (uint32_t)(uint16_t)(s->rs_rseq_no + s->lq);
+	int rc;
+
+	s->rs_rseq_comp = (uint16_t)(s->rs_rseq_no + (s->lq >> 1));
+	if (s->r_head + s->rsize - s->rs_pub >= rs_half(s)) {
+		struct rs_sge sge = {
+			.addr = s->rs_rbuf_addr + ring_off(s->rs_pub, s->rsize),
+			.key = s->rs_rbuf_key,
+			.length = rs_half(s),
+		};
+		struct iovec iov = { .iov_base = &sge, .iov_len = sizeof(sge) };
+
+		rc = rs_post(s, &iov, 1,
+			     s->rs_sgl_addr + (uint64_t)s->rs_rsge * sizeof(sge),
+			     s->rs_sgl_key, IMM(RS_OP_SGL, limit));
+		if (rc)
+			return rc;
+		s->rs_pub += rs_half(s);
+		s->rs_rsge = (s->rs_rsge + 1) % s->rs_sgl_len;
+	} else if ((rc = rs_post(s, NULL, 0, 0, 0, IMM(RS_OP_SGL, limit)))) {
+		return rc;
+	}
+	s->r_credited = s->r_head;
+	s->st.tx_ctrl++;
+	return 0;
+}
+
+static void rs_handle_recv(rsk_sock *s, const struct prov_wc *wc)
+{
+	uint32_t op = wc->imm >> IMM_OP_SHIFT, arg = wc->imm & IMM_ARG_MASK;
+	int rc;
+
+	/* receives are reposted at once; credits count consumed messages */
+	rc = s->ops->post_recv(s->qp, wc->wr_id);
+	if (rc) {
+		eng_fail(s, ECONNRESET, 0, "provider %s: repost failed (%s)",
+			 s->ops->name, strerror(-rc));
+		return;
+	}
+	s->r_msgs++;
+	switch (op) {
+	case RS_OP_DATA:
+		if (arg == 0 || arg != wc->byte_len ||
+		    s->r_tail + arg > s->rs_pub ||
+		    ring_off(s->r_tail, s->rsize) + (uint64_t)arg > s->rsize ||
+		    s->rs_mq_n > s->lq) {
+			eng_fail(s, ECONNRESET, 1,
+				 "protocol violation (rsockets): data message "
+				 "of %u bytes (imm %u) outside the published "
+				 "buffer", wc->byte_len, arg);
+			return;
+		}
+		if (s->flags & F_PEER_FIN) {
+			eng_fail(s, ECONNRESET, 1,
+				 "protocol violation: data after shutdown");
+			return;
+		}
+		s->r_tail += arg;
+		s->rs_mq[(s->rs_mq_head + s->rs_mq_n++) % (s->lq + 1)] =
+			s->r_tail;
+		s->st.rx_msgs++;
+		s->st.rx_bytes += arg;
+		return;
+	case RS_OP_SGL:
+		/* new message limit; a published SGE is already in place */
+		s->rs_sseq_comp = (uint16_t)arg;
+		s->st.rx_ctrl++;
+		return;
+	case RS_OP_CTRL:
+		s->st.rx_ctrl++;
+		if (arg == RS_CTRL_SHUTDOWN || arg == RS_CTRL_DISCONNECT)
+			s->flags |= F_PEER_FIN;
+		return;
+	default:
+		eng_fail(s, ECONNRESET, 1,
+			 "protocol violation (rsockets): opcode %u", op);
+	}
+}
+
+/* The application consumed up to r_head: count finished messages. */
+static void rs_consumed(rsk_sock *s)
+{
+	while (s->rs_mq_n && s->rs_mq[s->rs_mq_head] <= s->r_head) {
+		s->rs_mq_head = (s->rs_mq_head + 1) % (s->lq + 1);
+		s->rs_mq_n--;
+		s->rs_rseq_no++;
+	}
+}
+
+/* What a data message may take now: 0 if no SGE or no credit. */
+static uint32_t rs_send_room(const rsk_sock *s)
+{
+	const struct rs_sge *t = &s->rs_tsgl[s->rs_tsge];
+	uint32_t len = __atomic_load_n(&t->length, __ATOMIC_ACQUIRE);
+
+	if (s->rs_sseq_no == s->rs_sseq_comp)
+		return 0;
+	return len > IMM_ARG_MASK ? IMM_ARG_MASK : len;
+}
+
+static int rs_post_data(rsk_sock *s, const void *p, uint32_t n)
+{
+	struct rs_sge *t = &s->rs_tsgl[s->rs_tsge];
+	struct iovec iov = { .iov_base = (void *)p, .iov_len = n };
+	int rc = rs_post(s, &iov, 1, t->addr, t->key, IMM(RS_OP_DATA, n));
+
+	if (rc)
+		return rc;
+	s->rs_sseq_no++;
+	t->addr += n;
+	t->length -= n;
+	if (t->length == 0)
+		s->rs_tsge = (s->rs_tsge + 1) % 2;
+	return 0;
 }
 
 static int eng_post(rsk_sock *s, const struct iovec *iov, int iovcnt,
@@ -363,6 +526,14 @@ static int eng_post_ctrl(rsk_sock *s, enum eng_op op)
 	uint64_t roff = (uint64_t)(s->s_msgs % s->peer_q) * sizeof(m);
 	int rc;
 
+	if (s->rs) {
+		if (op == OP_CREDIT)
+			return rs_send_credits(s);
+		s->st.tx_ctrl++;
+		return rs_post(s, NULL, 0, 0, 0,
+			       IMM(RS_OP_CTRL, op == OP_FIN ? RS_CTRL_SHUTDOWN :
+							      RS_CTRL_DISCONNECT));
+	}
 	rc = eng_post(s, &iov, 1, roff, IMM(op, 0), 1);
 	if (rc)
 		return rc;
@@ -378,8 +549,17 @@ static uint64_t eng_credit_bytes(const rsk_sock *s)
 	return s->rsize >> CREDIT_BYTES_SHIFT;
 }
 
+/* May a control message go out (need: credits to keep beyond it)?  The
+ * rsockets protocol sends control messages without credits. */
+static int eng_ctrl_room(const rsk_sock *s, uint32_t need)
+{
+	return s->rs || eng_credits(s) > need;
+}
+
 static int eng_credit_due(const rsk_sock *s)
 {
+	if (s->rs)
+		return rs_credit_due(s);
 	return (s->pending & P_CREDIT) ||
 	       s->r_head - s->r_credited >= eng_credit_bytes(s) ||
 	       s->r_reposted - s->r_limit_sent >= (s->lq >> 1);
@@ -391,17 +571,17 @@ static void eng_flush_ctrl(rsk_sock *s)
 	if (s->flags & F_DEAD)
 		return;
 	if (eng_credit_due(s)) {
-		if (eng_credits(s) > 1 && !eng_post_ctrl(s, OP_CREDIT))
+		if (eng_ctrl_room(s, 1) && !eng_post_ctrl(s, OP_CREDIT))
 			s->pending &= ~P_CREDIT;
 		else
 			s->pending |= P_CREDIT;
 	}
-	if ((s->pending & P_RESET) && eng_credits(s) > 0) {
+	if ((s->pending & P_RESET) && eng_ctrl_room(s, 0)) {
 		s->pending &= ~(P_RESET | P_FIN);
 		eng_fail(s, ECONNRESET, 1, "connection reset");
 		return;
 	}
-	if ((s->pending & P_FIN) && eng_credits(s) > 0 &&
+	if ((s->pending & P_FIN) && eng_ctrl_room(s, 0) &&
 	    !eng_post_ctrl(s, OP_FIN))
 		s->pending &= ~P_FIN;
 }
@@ -435,6 +615,10 @@ static void eng_handle_recv(rsk_sock *s, const struct prov_wc *wc)
 	struct eng_ctrl m;
 	int rc;
 
+	if (s->rs) {
+		rs_handle_recv(s, wc);
+		return;
+	}
 	if (wc->wr_id != (PROV_WRID_RECV | slot)) {
 		/* receives complete in the order they were posted: another
 		 * one means a completion was lost (or forged) */
@@ -605,6 +789,8 @@ static int eng_writable(const rsk_sock *s)
 		return 0;
 	if (s->flags & (F_DEAD | F_PEER_GONE | F_WR_SHUT))
 		return 1; /* a send would not block: it fails */
+	if (s->rs)
+		return rs_send_room(s) > 0;
 	return ring_space(s->s_acked, s->s_tail, s->peer_rsize) > 0 &&
 	       eng_credits(s) > CREDIT_RESERVE;
 }
@@ -811,8 +997,14 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 		eng_progress(s);
 		if ((rc = send_error(s, done > 0)))
 			break;
-		space = ring_contig_space(s->s_acked, s->s_tail, s->peer_rsize);
-		credits = eng_credits(s);
+		if (s->rs) {
+			space = rs_send_room(s);
+			credits = space ? CREDIT_RESERVE + 1 : 0;
+		} else {
+			space = ring_contig_space(s->s_acked, s->s_tail,
+						  s->peer_rsize);
+			credits = eng_credits(s);
+		}
 		if (space == 0 || credits <= CREDIT_RESERVE) {
 			if (space == 0)
 				s->st.space_stalls++;
@@ -830,10 +1022,14 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 			n = ENG_MAX_MSG;
 		iov.iov_base = (void *)(p + done);
 		iov.iov_len = n;
-		rc = eng_post(s, &iov, 1,
-			      s->peer_ring_off +
-				      ring_off(s->s_tail, s->peer_rsize),
-			      IMM(OP_DATA, n), n <= s->opts.inline_max);
+		if (s->rs)
+			rc = rs_post_data(s, p + done, n);
+		else
+			rc = eng_post(s, &iov, 1,
+				      s->peer_ring_off +
+					      ring_off(s->s_tail, s->peer_rsize),
+				      IMM(OP_DATA, n),
+				      n <= s->opts.inline_max);
 		if (rc) {
 			rc = done ? -ECONNRESET : eng_take_dead(s, -EPIPE);
 			break;
@@ -869,8 +1065,13 @@ static int recv_end(rsk_sock *s, int keep)
 static void eng_consume(rsk_sock *s, size_t n)
 {
 	s->r_head += n;
-	if (s->r_head - s->r_credited >= eng_credit_bytes(s))
+	if (s->rs) {
+		rs_consumed(s);
+		if (rs_credit_due(s))
+			eng_flush_ctrl(s);
+	} else if (s->r_head - s->r_credited >= eng_credit_bytes(s)) {
 		eng_flush_ctrl(s);
+	}
 }
 
 /* Wait for data; returns bytes readable (> 0), 0 at EOF, or -errno.
@@ -1153,6 +1354,28 @@ static int eng_attach(rsk_sock *s, struct cm_result *res)
 	s->peer_ring_off = prov_ctrl_len(res->peer_q);
 	s->laddr = res->dst;
 	s->paddr = res->src;
+	if (res->rs) {
+		/* rsockets peer: the area is the bare ring; the peer's first
+		 * buffer is in our target SGL's entry 0 */
+		s->rs_mq = calloc((size_t)s->lq + 1, sizeof(*s->rs_mq));
+		if (!s->rs_mq) {
+			errno = ENOMEM;
+			goto fail;
+		}
+		s->rs = 1;
+		s->lctrl = NULL;
+		s->ring = res->area;
+		s->rs_tsgl = res->rs_tsgl;
+		s->rs_rbuf_addr = res->rs_rbuf_addr;
+		s->rs_rbuf_key = res->rs_rbuf_key;
+		s->rs_pub = s->rsize >> 1; /* the half the handshake gave */
+		s->rs_sgl_addr = res->rs_sgl_addr;
+		s->rs_sgl_key = res->rs_sgl_key;
+		s->rs_sgl_len = res->rs_sgl_len;
+		s->rs_rsge = 1 % res->rs_sgl_len;
+		s->rs_sseq_comp = (uint16_t)res->peer_q;
+		s->rs_rseq_comp = (uint16_t)(s->lq >> 1);
+	}
 	s->r_reposted = s->lq;
 	s->r_limit_sent = s->lq;
 	s->s_limit = res->peer_q;
@@ -1171,9 +1394,14 @@ static int eng_attach(rsk_sock *s, struct cm_result *res)
 	__atomic_store_n(s->ops->owner_word(s->qp), eng_pid, __ATOMIC_RELEASE);
 	s->kind = K_CONN;
 	s->flags = F_CONN;
+	if (s->rs)
+		eng_flush_ctrl(s); /* publish the other half at once */
 	return 0;
 fail:
 	rc = -errno;
+	free(s->rs_mq);
+	s->rs_mq = NULL;
+	s->rs = 0;
 	s->ops = NULL;
 	s->qp = NULL;
 	s->live_fd = -1;
@@ -1565,6 +1793,8 @@ static void eng_release(rsk_sock *s)
 	if (s->vl)
 		cm_verbs_listen_close(s->vl);
 	s->vl = NULL;
+	free(s->rs_mq);
+	s->rs_mq = NULL;
 	s->xfd = -1; /* not ours */
 	close(s->epfd);
 	s->epfd = -1;
@@ -1581,7 +1811,7 @@ int rsk_close(rsk_sock *s)
 		eng_progress(s);
 		/* unread data makes close abortive, as with TCP */
 		if (s->r_tail != s->r_head && !(s->flags & F_DEAD) &&
-		    eng_credits(s) > 0) {
+		    eng_ctrl_room(s, 0)) {
 			eng_fail(s, ECONNRESET, 1, "closed with unread data");
 		} else if (!(s->flags & F_WR_SHUT) || (s->pending & P_FIN)) {
 			s->flags |= F_WR_SHUT;

@@ -136,7 +136,37 @@ struct rsk_sock {
 	uint32_t sq_out;
 
 	struct rsk_stats st;
+
+	/* rsockets personality (librdmacm's stream protocol, verbs only; see
+	 * PROTOCOL.md section 9): set when the peer speaks it */
+	int rs;
+	struct rs_sge *rs_tsgl;   /* ours, registered: the peer writes SGEs */
+	int rs_tsge;              /* the entry we send into */
+	uint64_t rs_rbuf_addr;    /* our ring as the peer addresses it */
+	uint32_t rs_rbuf_key;
+	uint64_t rs_pub;          /* the peer may write below this position */
+	uint64_t rs_sgl_addr;     /* the peer's target SGL (we publish to) */
+	uint32_t rs_sgl_key, rs_sgl_len, rs_rsge;
+	uint16_t rs_sseq_no, rs_sseq_comp, rs_rseq_no, rs_rseq_comp;
+	uint64_t *rs_mq;          /* ends of unconsumed data messages */
+	uint32_t rs_mq_head, rs_mq_n;
 };
+
+/* librdmacm's struct rs_sge (host byte order) */
+struct rs_sge {
+	uint64_t addr;
+	uint32_t key;
+	uint32_t length;
+};
+
+/* rsockets opcodes (imm >> 29) and control arguments */
+#define RS_OP_DATA 0
+#define RS_OP_SGL 4
+#define RS_OP_IOMAP_SGL 6
+#define RS_OP_CTRL 7
+#define RS_CTRL_DISCONNECT 0
+#define RS_CTRL_KEEPALIVE 1
+#define RS_CTRL_SHUTDOWN 2
 
 /* What a connection manager hands the engine. */
 struct cm_result {
@@ -150,6 +180,13 @@ struct cm_result {
 	uint32_t peer_q;
 	struct rsk_addr src; /* the client's address (accept: the peer) */
 	struct rsk_addr dst; /* the address dialed (accept: ours) */
+	/* rsockets peer (verbs): area is the bare ring (no ctrl slots) */
+	int rs;
+	struct rs_sge *rs_tsgl; /* entry 0 holds the peer's first buffer */
+	uint64_t rs_rbuf_addr;
+	uint32_t rs_rbuf_key;
+	uint64_t rs_sgl_addr;
+	uint32_t rs_sgl_key, rs_sgl_len;
 };
 
 /* cm_local.c */

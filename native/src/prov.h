@@ -41,6 +41,12 @@ struct prov_ops {
 	int (*post_write_imm)(struct prov_qp *qp, const struct iovec *iov,
 			      int iovcnt, uint64_t remote_off, uint32_t imm,
 			      int flags, uint64_t wr_id);
+	/* Write-with-imm to an address and rkey the peer published (the
+	 * rsockets protocol places data by SGEs, not by offsets); iovcnt may
+	 * be 0.  NULL for providers without it (shm). */
+	int (*post_write_at)(struct prov_qp *qp, const struct iovec *iov,
+			     int iovcnt, uint64_t raddr, uint32_t rkey,
+			     uint32_t imm, int flags, uint64_t wr_id);
 	/* Non-blocking; returns the number of completions stored in wc. */
 	int (*poll_cq)(struct prov_qp *qp, struct prov_wc *wc, int n);
 	/* Cheap check: may poll_cq return something? (no side effects) */

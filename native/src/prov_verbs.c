@@ -296,6 +296,8 @@ int cm_verbs_probe(char *detail, size_t dlen)
 #define VD_MAGIC 0x52534b56u   /* "RSKV" */
 #define VD_VERSION (0x80 | RSK_PROTO_VERSION) /* rsockets sends 1 */
 #define VD_RSOCKETS 1
+/* REJ reason "consumer defined" (IB CM): what rdma_reject() sends */
+#define V_REJ_CONSUMER 28
 
 /* CM private data of REQ and REP (network byte order). */
 struct vconn_data {
@@ -326,6 +328,13 @@ struct prov_qp {
 	struct ibv_comp_channel *cc;
 	struct ibv_cq *rcq, *scq;
 	struct ibv_mr *amr, *smr;
+	/* rsockets peer: the area is the bare ring, and the peer writes its
+	 * SGEs into our target SGL (its own registered page) */
+	int rs;
+	struct rs_sge *tsgl;
+	struct ibv_mr *tmr;
+	uint64_t rs_sgl_addr; /* the peer's target SGL */
+	uint32_t rs_sgl_key, rs_sgl_len;
 	uint8_t *area;
 	size_t area_len;
 	uint8_t *stg; /* staging for sends that are not inline */
@@ -361,6 +370,8 @@ static void vq_free_mem(struct prov_qp *q)
 		munmap(q->stg, q->stg_len);
 	if (q->owner)
 		munmap(q->owner, 4096);
+	if (q->tsgl)
+		munmap(q->tsgl, 4096);
 	free(q->wr_eng);
 	free(q->wr_end);
 	free(q->wr_sig);
@@ -460,9 +471,37 @@ static int vq_post_recv(struct prov_qp *q, uint64_t wr_id)
 	return -ibv_post_recv(q->id->qp, &wr, &badwr);
 }
 
+static int vq_post(struct prov_qp *q, const struct iovec *iov, int iovcnt,
+		   uint64_t raddr, uint32_t rkey, uint32_t imm, int flags,
+		   uint64_t wr_id);
+
+/* rsock's protocol: an offset in the peer's recv area (bounds-checked) */
 static int vq_post_write_imm(struct prov_qp *q, const struct iovec *iov,
 			     int iovcnt, uint64_t roff, uint32_t imm,
 			     int flags, uint64_t wr_id)
+{
+	size_t len = 0;
+	int i;
+
+	for (i = 0; i < iovcnt; i++)
+		len += iov[i].iov_len;
+	if (roff > q->rlen || len > q->rlen - roff)
+		return -EFAULT;
+	return vq_post(q, iov, iovcnt, q->raddr + roff, q->rkey, imm, flags,
+		       wr_id);
+}
+
+/* rsockets: where the peer's SGE says (its HCA checks the rkey) */
+static int vq_post_write_at(struct prov_qp *q, const struct iovec *iov,
+			    int iovcnt, uint64_t raddr, uint32_t rkey,
+			    uint32_t imm, int flags, uint64_t wr_id)
+{
+	return vq_post(q, iov, iovcnt, raddr, rkey, imm, flags, wr_id);
+}
+
+static int vq_post(struct prov_qp *q, const struct iovec *iov, int iovcnt,
+		   uint64_t raddr, uint32_t rkey, uint32_t imm, int flags,
+		   uint64_t wr_id)
 {
 	struct ibv_sge sge[4];
 	struct ibv_send_wr wr, *badwr;
@@ -472,8 +511,8 @@ static int vq_post_write_imm(struct prov_qp *q, const struct iovec *iov,
 
 	for (i = 0; i < iovcnt; i++)
 		len += iov[i].iov_len;
-	if (roff > q->rlen || len > q->rlen - roff || len > UINT32_MAX)
-		return -EFAULT;
+	if (len > UINT32_MAX)
+		return -EMSGSIZE;
 	memset(&wr, 0, sizeof(wr));
 	if (len <= q->max_inline && iovcnt <= 4) {
 		if ((rc = vq_room(q, 0)))
@@ -537,8 +576,8 @@ static int vq_post_write_imm(struct prov_qp *q, const struct iovec *iov,
 	wr.num_sge = nsge;
 	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
 	wr.imm_data = htobe32(imm);
-	wr.wr.rdma.remote_addr = q->raddr + roff;
-	wr.wr.rdma.rkey = q->rkey;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
 	if (sig) {
 		wr.send_flags |= IBV_SEND_SIGNALED;
 		q->unsig = 0;
@@ -741,6 +780,8 @@ static void vq_destroy(struct prov_qp *q)
 		V.dereg_mr(q->amr);
 	if (q->smr)
 		V.dereg_mr(q->smr);
+	if (q->tmr)
+		V.dereg_mr(q->tmr);
 	if (q->pd)
 		V.dealloc_pd(q->pd);
 	if (q->id) {
@@ -760,6 +801,7 @@ const struct prov_ops verbs_ops = {
 	.name = "verbs",
 	.post_recv = vq_post_recv,
 	.post_write_imm = vq_post_write_imm,
+	.post_write_at = vq_post_write_at,
 	.poll_cq = vq_poll_cq,
 	.cq_pending = vq_cq_pending,
 	.arm = vq_arm,
@@ -786,8 +828,8 @@ static void *v_map(size_t len)
  * rdma_connect/rdma_accept with every receive posted.  The peer's
  * geometry is needed for the send queue and staging sizes. */
 static int vq_create(struct rdma_cm_id *id, const struct rsk_opts *o,
-		     uint32_t peer_q, uint32_t peer_ring, struct prov_qp **out,
-		     char *detail, size_t dlen)
+		     uint32_t peer_q, uint32_t peer_ring, int rs,
+		     struct prov_qp **out, char *detail, size_t dlen)
 {
 	struct ibv_qp_init_attr qa;
 	struct epoll_event ev = { .events = EPOLLIN };
@@ -807,7 +849,8 @@ static int vq_create(struct rdma_cm_id *id, const struct rsk_opts *o,
 	/* a full send queue or staging area only makes a send wait for our
 	 * own writes to complete (vq_room), so these are sizes, not limits */
 	q->sq_max = 2 * peer_q + 8;
-	q->area_len = prov_area_len(o->qdepth, o->ring_size);
+	q->rs = rs;
+	q->area_len = rs ? o->ring_size : prov_area_len(o->qdepth, o->ring_size);
 	q->stg_len = peer_ring < VQ_STAGE_MIN ? VQ_STAGE_MIN : peer_ring;
 	if (q->stg_len > VQ_STAGE_MAX)
 		q->stg_len = VQ_STAGE_MAX;
@@ -822,7 +865,9 @@ static int vq_create(struct rdma_cm_id *id, const struct rsk_opts *o,
 		q->owner = NULL;
 	q->epfd = epoll_create1(EPOLL_CLOEXEC);
 	q->kfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (!q->wr_eng || !q->wr_end || !q->wr_sig || !q->area || !q->stg ||
+	if (rs)
+		q->tsgl = v_map(4096);
+	if ((rs && !q->tsgl) || !q->wr_eng || !q->wr_end || !q->wr_sig || !q->area || !q->stg ||
 	    !q->owner || q->epfd < 0 || q->kfd < 0) {
 		q->id = NULL;
 		vq_free_mem(q);
@@ -838,7 +883,11 @@ static int vq_create(struct rdma_cm_id *id, const struct rsk_opts *o,
 	q->smr = q->amr ? V.reg_mr(q->pd, q->stg, q->stg_len,
 				   IBV_ACCESS_LOCAL_WRITE) :
 			  NULL;
-	if (!q->amr || !q->smr) {
+	if (q->amr && q->smr && rs)
+		q->tmr = V.reg_mr(q->pd, q->tsgl, 4096,
+				  IBV_ACCESS_LOCAL_WRITE |
+					  IBV_ACCESS_REMOTE_WRITE);
+	if (!q->amr || !q->smr || (rs && !q->tmr)) {
 		what = "ibv_reg_mr";
 		goto fail;
 	}
@@ -973,6 +1022,73 @@ static int vd_parse(const void *pd, size_t len, struct vconn_data *d,
 	return 0;
 }
 
+/* librdmacm's struct rs_conn_data (network byte order), 40 bytes */
+struct rs_conn {
+	uint8_t version; /* 1 */
+	uint8_t flags;   /* 1: big-endian host (SGEs in its order); 2: iomap */
+	uint16_t credits;
+	uint8_t reserved[3];
+	uint8_t target_iomap_size;
+	struct rs_sge target_sgl; /* addr, key, length = number of entries */
+	struct rs_sge data_buf;   /* the first receive buffer */
+};
+_Static_assert(sizeof(struct rs_conn) == 40, "rs_conn_data is 40 bytes");
+#define RS_CONN_FLAG_NET 1
+
+static void rs_fill(const struct prov_qp *q, struct rs_conn *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->version = VD_RSOCKETS;
+	d->credits = htobe16((uint16_t)q->q);
+	d->target_sgl.addr = htobe64((uintptr_t)q->tsgl);
+	d->target_sgl.key = htobe32(q->tmr->rkey);
+	d->target_sgl.length = htobe32(2);
+	d->data_buf.addr = htobe64((uintptr_t)q->area);
+	d->data_buf.key = htobe32(q->amr->rkey);
+	d->data_buf.length = htobe32(q->ring >> 1);
+}
+
+/* Checks an rsockets peer's connection data; host-order copy in *d. */
+static int rs_parse(const void *pd, size_t len, struct rs_conn *d,
+		    char *detail, size_t dlen)
+{
+	if (!pd || len < sizeof(*d)) {
+		snprintf(detail, dlen, "verbs: short rsockets connection data "
+			 "(%zu bytes)", len);
+		return -EPROTO;
+	}
+	memcpy(d, pd, sizeof(*d));
+	d->credits = be16toh(d->credits);
+	d->target_sgl.addr = be64toh(d->target_sgl.addr);
+	d->target_sgl.key = be32toh(d->target_sgl.key);
+	d->target_sgl.length = be32toh(d->target_sgl.length);
+	d->data_buf.addr = be64toh(d->data_buf.addr);
+	d->data_buf.key = be32toh(d->data_buf.key);
+	d->data_buf.length = be32toh(d->data_buf.length);
+	if (d->version != VD_RSOCKETS || (d->flags & RS_CONN_FLAG_NET)) {
+		snprintf(detail, dlen, "verbs: rsockets peer of version %u "
+			 "flags %#x (rsock speaks version 1, little-endian)",
+			 d->version, d->flags);
+		return -EPROTONOSUPPORT;
+	}
+	if (d->credits < 1 || d->target_sgl.length < 1 ||
+	    d->target_sgl.length > 64 || d->data_buf.length < 1) {
+		snprintf(detail, dlen, "verbs: bad rsockets connection data "
+			 "(credits %u, %u SGL entries, buffer %u)", d->credits,
+			 d->target_sgl.length, d->data_buf.length);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+static void rs_set_peer(struct prov_qp *q, const struct rs_conn *d)
+{
+	q->rs_sgl_addr = d->target_sgl.addr;
+	q->rs_sgl_key = d->target_sgl.key;
+	q->rs_sgl_len = d->target_sgl.length;
+	q->tsgl[0] = d->data_buf; /* where our first data goes */
+}
+
 static void vq_set_peer(struct prov_qp *q, const struct vconn_data *d)
 {
 	q->raddr = d->addr;
@@ -1069,35 +1185,48 @@ static int v_cm_errno(enum rdma_cm_event_type t, int status)
 
 /* Waits for event `want` on the connecting id; -errno otherwise.  On
  * ESTABLISHED the peer's private data is parsed into *d. */
+/* The private data of the event awaited (at most this much is kept). */
+struct v_pd {
+	uint8_t b[64];
+	size_t len;
+	int other_stack; /* REJECTED by a consumer that is not rsock */
+};
+
 static int v_expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want,
-		    int64_t until, struct vconn_data *d, char *detail,
-		    size_t dlen)
+		    int64_t until, struct v_pd *pd, char *detail, size_t dlen)
 {
 	struct rdma_cm_event *ev;
 	int rc = v_wait_event(ch, until, &ev);
+	size_t n;
 
 	if (rc) {
 		snprintf(detail, dlen, "verbs: waiting for %s: %s",
 			 V.event_str(want), strerror(-rc));
 		return rc;
 	}
+	n = ev->param.conn.private_data ? ev->param.conn.private_data_len : 0;
 	if (ev->event != want) {
+		const uint8_t *b = ev->param.conn.private_data;
+
 		rc = v_cm_errno(ev->event, ev->status);
 		snprintf(detail, dlen, "verbs: %s (status %d) while waiting "
 			 "for %s", V.event_str(ev->event), ev->status,
 			 V.event_str(want));
-		if (ev->event == RDMA_CM_EVENT_REJECTED &&
-		    ev->param.conn.private_data_len >= 1 &&
-		    ((const uint8_t *)ev->param.conn.private_data)[0] ==
-			    VD_VERSION)
+		if (ev->event == RDMA_CM_EVENT_REJECTED && n >= 1 &&
+		    b[0] == VD_VERSION)
 			snprintf(detail, dlen, "verbs: the rsock listener "
 				 "refused the connection");
+		else if (pd && ev->event == RDMA_CM_EVENT_REJECTED &&
+			 ev->status == V_REJ_CONSUMER)
+			pd->other_stack = 1; /* e.g. rsockets: version 1 only */
 		V.ack_cm_event(ev);
 		return rc;
 	}
-	if (d)
-		rc = vd_parse(ev->param.conn.private_data,
-			      ev->param.conn.private_data_len, d, detail, dlen);
+	if (pd) {
+		pd->len = n < sizeof(pd->b) ? n : sizeof(pd->b);
+		if (pd->len)
+			memcpy(pd->b, ev->param.conn.private_data, pd->len);
+	}
 	V.ack_cm_event(ev);
 	return rc;
 }
@@ -1119,24 +1248,35 @@ static void v_result(struct prov_qp *q, struct cm_result *res,
 	/* (as cm_local's accept fills them: src = the peer, dst = ours) */
 	v_addr_out(&q->id->route.addr.src_addr, &res->dst);
 	v_addr_out(&q->id->route.addr.dst_addr, &res->src);
+	if (q->rs) {
+		res->rs = 1;
+		res->rs_tsgl = q->tsgl;
+		res->rs_rbuf_addr = (uintptr_t)q->area;
+		res->rs_rbuf_key = q->amr->rkey;
+		res->rs_sgl_addr = q->rs_sgl_addr;
+		res->rs_sgl_key = q->rs_sgl_key;
+		res->rs_sgl_len = q->rs_sgl_len;
+	}
 }
 
-int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
-		     const struct rsk_addr *dst, int flags, int timeout_ms,
-		     struct cm_result *res, char *detail, size_t dlen)
+/* One connection attempt, speaking rsock's protocol or (rs) rsockets'. */
+static int v_connect(const struct rsk_opts *o, const struct rsk_addr *src,
+		     const struct rsk_addr *dst, int flags, int64_t until,
+		     int rs, struct cm_result *res, int *other_stack,
+		     char *detail, size_t dlen)
 {
 	struct rdma_event_channel *ch;
 	struct rdma_cm_id *id = NULL;
 	struct sockaddr_storage ss, sd;
 	struct rdma_conn_param cp;
 	struct vconn_data mine, peer;
+	struct rs_conn rmine, rpeer;
+	struct v_pd pd = { .len = 0 };
 	struct prov_qp *q = NULL;
-	int64_t until = timeout_ms < 0 ? -1 : v_now_ms() + timeout_ms;
-	int step = timeout_ms < 0 || timeout_ms > 2000 ? 2000 : timeout_ms;
+	int64_t left = until < 0 ? 2000 : until - v_now_ms();
+	int step = left > 2000 ? 2000 : left < 1 ? 1 : (int)left;
 	int rc;
 
-	memset(res, 0, sizeof(*res));
-	res->live_fd = -1;
 	if ((rc = v_addr_in(dst, &sd)))
 		return rc;
 	if (src && (rc = v_addr_in(src, &ss)))
@@ -1149,8 +1289,6 @@ int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 			 strerror(errno));
 		goto fail;
 	}
-	if (step <= 0)
-		step = 1;
 	if (V.resolve_addr(id, src ? (struct sockaddr *)&ss : NULL,
 			   (struct sockaddr *)&sd, step)) {
 		rc = -errno;
@@ -1173,15 +1311,22 @@ int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 	if (rc)
 		goto fail;
 	/* the peer's geometry is not known yet: size the send side by ours */
-	rc = vq_create(id, o, o->qdepth, o->ring_size, &q, detail, dlen);
+	rc = vq_create(id, o, o->qdepth, o->ring_size, rs, &q, detail, dlen);
 	if (rc)
 		goto fail;
 	q->ch = ch;
-	vd_fill(q, &mine);
-	mine.flags = (uint8_t)(flags & (RSK_VF_LOOPBACK4 | RSK_VF_LOOPBACK6));
 	memset(&cp, 0, sizeof(cp));
-	cp.private_data = &mine;
-	cp.private_data_len = sizeof(mine);
+	if (rs) {
+		rs_fill(q, &rmine);
+		cp.private_data = &rmine;
+		cp.private_data_len = sizeof(rmine);
+	} else {
+		vd_fill(q, &mine);
+		mine.flags = (uint8_t)(flags &
+				       (RSK_VF_LOOPBACK4 | RSK_VF_LOOPBACK6));
+		cp.private_data = &mine;
+		cp.private_data_len = sizeof(mine);
+	}
 	cp.flow_control = 1;
 	cp.retry_count = 7;
 	cp.rnr_retry_count = 7;
@@ -1191,13 +1336,24 @@ int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 			 strerror(errno));
 		goto fail;
 	}
-	rc = v_expect(ch, RDMA_CM_EVENT_ESTABLISHED, until, &peer, detail,
+	rc = v_expect(ch, RDMA_CM_EVENT_ESTABLISHED, until, &pd, detail,
 		      dlen);
+	*other_stack = pd.other_stack;
 	if (rc)
 		goto fail;
-	vq_set_peer(q, &peer);
 	q->connected = 1;
-	v_result(q, res, peer.qdepth, peer.ring_size);
+	if (rs) {
+		if ((rc = rs_parse(pd.b, pd.len, &rpeer, detail, dlen)))
+			goto fail;
+		rs_set_peer(q, &rpeer);
+		v_result(q, res, rpeer.credits, rpeer.data_buf.length);
+	} else {
+		if ((rc = vd_parse(pd.len ? pd.b : NULL, pd.len, &peer, detail,
+				   dlen)))
+			goto fail;
+		vq_set_peer(q, &peer);
+		v_result(q, res, peer.qdepth, peer.ring_size);
+	}
 	if (res->live_fd < 0) {
 		rc = -errno;
 		goto fail;
@@ -1213,6 +1369,25 @@ fail:
 	}
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
+	return rc;
+}
+
+int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
+		     const struct rsk_addr *dst, int flags, int timeout_ms,
+		     struct cm_result *res, char *detail, size_t dlen)
+{
+	int64_t until = timeout_ms < 0 ? -1 : v_now_ms() + timeout_ms;
+	int other = 0, rc;
+
+	memset(res, 0, sizeof(*res));
+	res->live_fd = -1;
+	rc = v_connect(o, src, dst, flags, until, 0, res, &other, detail, dlen);
+	if (rc == -ECONNREFUSED && other) {
+		/* refused by a listener that is not rsock: librdmacm's
+		 * rsockets accepts only its own connection data; speak it */
+		rc = v_connect(o, src, dst, flags, until, 1, res, &other,
+			       detail, dlen);
+	}
 	return rc;
 }
 
@@ -1277,27 +1452,41 @@ static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
 	struct rdma_cm_id *id = ev->id;
 	struct rdma_conn_param cp;
 	struct vconn_data peer, mine;
+	struct rs_conn rpeer, rmine;
 	struct prov_qp *q = NULL;
 	struct rsk_opts o;
 	char why[160];
 	uint8_t refuse = VD_VERSION;
-	int rc, full;
+	const uint8_t *pd = ev->param.conn.private_data;
+	size_t pdlen = pd ? ev->param.conn.private_data_len : 0;
+	int rc, full, rs = pdlen >= 1 && pd[0] == VD_RSOCKETS;
+	uint32_t peer_q = 0, peer_ring = 0;
 
 	pthread_mutex_lock(&l->mu);
 	full = l->r_count + l->npend >= l->backlog;
 	pthread_mutex_unlock(&l->mu);
-	rc = full ? -ECONNREFUSED :
-		    vd_parse(ev->param.conn.private_data,
-			     ev->param.conn.private_data_len, &peer, why,
-			     sizeof(why));
+	if (full)
+		rc = -ECONNREFUSED;
+	else if (rs)
+		rc = rs_parse(pd, pdlen, &rpeer, why, sizeof(why));
+	else
+		rc = vd_parse(pd, pdlen, &peer, why, sizeof(why));
 	V.ack_cm_event(ev);
-	/* as with cm_local, the client decides the geometry of both sides;
-	 * inline size and spin time are the listener's */
 	o = l->o;
-	if (!rc) {
+	if (!rc && rs) {
+		/* an rsockets client: our ring is the listener's */
+		peer_q = rpeer.credits;
+		peer_ring = rpeer.data_buf.length;
+		rc = vq_create(id, &o, o.qdepth, o.ring_size, 1, &q, why,
+			       sizeof(why));
+	} else if (!rc) {
+		/* as with cm_local, the client decides the geometry of both
+		 * sides; inline size and spin time are the listener's */
 		o.ring_size = peer.ring_size;
 		o.qdepth = peer.qdepth;
-		rc = vq_create(id, &o, peer.qdepth, peer.ring_size, &q, why,
+		peer_q = peer.qdepth;
+		peer_ring = peer.ring_size;
+		rc = vq_create(id, &o, peer.qdepth, peer.ring_size, 0, &q, why,
 			       sizeof(why));
 	}
 	if (rc) {
@@ -1305,11 +1494,18 @@ static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
 		V.destroy_id(id);
 		return;
 	}
-	vq_set_peer(q, &peer);
-	vd_fill(q, &mine);
 	memset(&cp, 0, sizeof(cp));
-	cp.private_data = &mine;
-	cp.private_data_len = sizeof(mine);
+	if (rs) {
+		rs_set_peer(q, &rpeer);
+		rs_fill(q, &rmine);
+		cp.private_data = &rmine;
+		cp.private_data_len = sizeof(rmine);
+	} else {
+		vq_set_peer(q, &peer);
+		vd_fill(q, &mine);
+		cp.private_data = &mine;
+		cp.private_data_len = sizeof(mine);
+	}
 	cp.flow_control = 1;
 	cp.retry_count = 7;
 	cp.rnr_retry_count = 7;
@@ -1321,9 +1517,9 @@ static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
 	pthread_mutex_lock(&l->mu);
 	l->pend[l->npend++] = (struct vpend){
 		.q = q,
-		.peer_q = peer.qdepth,
-		.peer_ring = peer.ring_size,
-		.flags = peer.flags,
+		.peer_q = peer_q,
+		.peer_ring = peer_ring,
+		.flags = rs ? 0 : peer.flags,
 		.until = v_now_ms() + VL_ESTABLISH_MS,
 	};
 	pthread_mutex_unlock(&l->mu);
