@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import pty
+import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--quick", "--reps", "1", "--rep-time", "0.05", "--warmup-bytes", "1M",
-        "--rounds", "200", "--warmup-rounds", "20", "--sizes", "64K", "--pin", "none"]  # fmt: skip
+        "--rounds", "200", "--warmup-rounds", "20", "--sizes", "64K", "--pin", "none",
+        "--idle-conns", "4", "--idle-time", "0.2"]  # fmt: skip
 
 
 def bench(tmp_path: Path, *args: str, timeout: float = 50) -> tuple[int, str, dict[str, Any]]:
@@ -91,7 +96,13 @@ def test_default_runs_both_apis(tmp_path: Path) -> None:
 def test_rsock_takes_the_shm_path(tmp_path: Path) -> None:
     rc, text, doc = bench(tmp_path, "--transport", "rsock")
     assert rc == 0, text
+    tests = {c["test"] for c in doc["cases"]}
+    assert tests == {"stream", "msgrate", "pingpong", "connrate", "idle"}
     assert {c["client"].get("provider") for c in doc["cases"]} == {"shm"}, text
+    assert {c["server"].get("provider") for c in doc["cases"]} == {"shm"}, text
+    assert doc["env"]["rsock_providers_used"] == ["shm"]
+    assert doc["env"]["rsock_provider_env"] is None
+    assert "rsock provider=shm" in text and "WARNING" not in text
 
 
 def test_msgrate_and_connrate(tmp_path: Path) -> None:
@@ -131,10 +142,16 @@ def test_sweep_sizes(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    cases = [(c["test"], c["size"], c["status"]) for c in json.loads(out.read_text())["cases"]]
+    doc = json.loads(out.read_text())
+    cases = [(c["test"], c["size"], c["status"]) for c in doc["cases"]]
     sizes = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
-    assert cases == [*(("stream", n, "ok") for n in sizes), ("pingpong", 64, "ok")]
+    assert cases == [*(("stream", n, "ok") for n in sizes), *(("pingpong", n, "ok") for n in sizes)]
     assert "stream 8 MiB [sync]" in proc.stdout and "stream 64 B [sync]" in proc.stdout
+    assert "pingpong 8 MiB [sync]" in proc.stdout and "pingpong 256 B [sync]" in proc.stdout
+    # ping-pong rounds are bounded by volume (--quick: 32 MiB / size, at least 20)
+    rtts = {c["size"]: len(c["client"]["rtt_ns"]) for c in doc["cases"] if c["test"] == "pingpong"}
+    assert rtts[64] == rtts[64 << 10] == 200  # TINY's --rounds
+    assert (rtts[1 << 20], rtts[4 << 20], rtts[8 << 20]) == (32, 20, 20)
 
 
 @pytest.mark.parametrize("api", ["sync", "asyncio"])
@@ -159,3 +176,306 @@ def test_hung_peer_times_out_and_others_still_run(tmp_path: Path) -> None:
         ("sync", "timeout"),
         ("asyncio", "timeout"),
     ]
+
+
+# --------------------------------------------------------------------------- new options
+
+
+def run_raw(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 50
+) -> subprocess.CompletedProcess[str]:
+    """Run the bench; stdout and stderr decoded as they are (a \r stays a \r)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock.bench", *args],
+        cwd=ROOT, capture_output=True, timeout=timeout, check=False, env=env,
+    )  # fmt: skip
+    return subprocess.CompletedProcess(
+        proc.args, proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+    )
+
+
+PING_ONLY = [*TINY, "--transport", "tcp", "--api", "sync", "--tests", "pingpong"]
+
+
+@pytest.mark.parametrize("style", ["text", "log", "off", "tqdm", "rich"])
+def test_progress_goes_to_stderr_only(style: str) -> None:
+    proc = run_raw([*PING_ONLY, "--ping-sizes", "64,128", "--progress", style])
+    if style in ("tqdm", "rich") and importlib.util.find_spec(style) is None:
+        assert proc.returncode == 2
+        assert f"--progress {style}: {style} is not importable" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    out, err = proc.stdout, proc.stderr
+    assert out.startswith("env: ") and "pingpong 128 B [sync]" in out
+    assert "\r" not in out and "[1/2]" not in out and "total " not in out  # nothing leaks
+    if style == "off":
+        assert err == ""
+        return
+    assert "[1/2] tcp pingpong 64 B [sync] ... RTT p50" in err
+    assert "[2/2] tcp pingpong 128 B [sync] ... RTT p50" in err and "total " in err
+    if style == "log":
+        assert "\r" not in err
+    elif style == "text":
+        assert "\r[1/2   0%] tcp pingpong 64 B [sync]" in err
+        assert "\r[2/2  50%] tcp pingpong 128 B [sync]" in err
+    elif style == "tqdm":
+        assert "/2 [" in err and "\r" in err  # tqdm's bar: n/total [elapsed<remaining]
+
+
+def test_progress_auto_on_a_terminal() -> None:
+    """On a terminal, auto draws a bar (tqdm/rich when importable, else the \\r text)."""
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the slave side is closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rsock.bench", *PING_ONLY],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, text=True, timeout=50, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(slave)
+    reader.join(10)
+    os.close(master)
+    err = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0, err
+    assert "\r" not in proc.stdout and proc.stdout.startswith("env: ")
+    assert "\r" in err, err  # a bar or status line, redrawn in place
+    assert "[1/1] tcp pingpong 64 B [sync] ... RTT p50" in err
+
+
+def test_plot(tmp_path: Path) -> None:
+    """--plot draws with matplotlib when it is installed, else fails at once, clearly."""
+    png = tmp_path / "bench.png"
+    args = [*TINY, "--transport", "tcp,unix", "--api", "sync", "--tests", "stream,pingpong",
+            "--sizes", "4K,64K", "--ping-sizes", "64,4K", "--plot", str(png)]  # fmt: skip
+    proc = run_raw(args)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert proc.returncode == 2, proc.stderr
+        assert "--plot needs matplotlib, which is not installed" in proc.stderr
+        assert "pip install 'rsock[bench]'" in proc.stderr
+        assert proc.stdout == "" and not png.exists()  # refused before running anything
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert f"plot written to {png}" in proc.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20000
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 1000 and height > 400
+
+
+def test_plot_needs_stream_or_pingpong(tmp_path: Path) -> None:
+    proc = run_raw([*TINY, "--tests", "connrate", "--plot", str(tmp_path / "x.png")])
+    assert proc.returncode == 2
+    assert "--plot" in proc.stderr
+
+
+def test_ping_sizes(tmp_path: Path) -> None:
+    rc, text, doc = bench(
+        tmp_path, "--transport", "tcp", "--api", "sync", "--tests", "pingpong",
+        "--ping-sizes", "64,1M",
+    )  # fmt: skip
+    assert rc == 0, text
+    sizes = [(c["test"], c["size"]) for c in doc["cases"]]
+    assert sizes == [("pingpong", 64), ("pingpong", 1 << 20)]
+    small, big = doc["cases"]
+    assert len(small["client"]["rtt_ns"]) == 200  # --rounds
+    assert len(big["client"]["rtt_ns"]) == 32  # capped: 32 MiB (--quick) / 1 MiB
+    assert [p["count"] for p in big["client"]["phases"]] == [5, 32]  # warm-up, timed
+    assert "pingpong 1 MiB [sync]  RTT p50" in text
+    assert "64 B: 200 after 20, 1 MiB: 32 after 5" in text
+    assert doc["config"]["ping_sizes"] == [64, 1 << 20]
+
+
+def counter_line(text: str, after: str) -> str:
+    """The line of the table that follows the rows of the case whose label is ``after``."""
+    lines = text.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith(after))
+    return next(ln for ln in lines[i + 1 :] if not ln.startswith("  ") or "counters" in ln)
+
+
+def test_rsock_counters(tmp_path: Path) -> None:
+    rc, text, doc = bench(
+        tmp_path, "--transport", "rsock,tcp", "--api", "sync", "--tests", "stream,pingpong,idle"
+    )
+    assert rc == 0, text
+    line = counter_line(text, "stream 64 KiB [sync]")
+    assert line.startswith("  rsock counters per MB: client stalls ") and "; server stalls" in line
+    assert "arms " in line and "notifies " in line and "spins/sleeps " in line
+    line = counter_line(text, "pingpong 64 B [sync]")
+    assert line.startswith("  rsock counters per msg: client stalls ")
+    line = counter_line(text, "idle 4 conns [sync]")
+    assert line == "  rsock counters idle window: all 0 on both sides (no messages, arms, wake-ups)"
+    for c in doc["cases"]:
+        if c["transport"] != "rsock":
+            assert "counters" not in c["summary"]
+            continue
+        ctr = c["summary"]["counters"]
+        assert set(ctr) == {"client", "server"}
+        if c["test"] == "stream":
+            cs, ss = c["client"]["stats"], c["server"]["stats"]
+            assert cs["tx_bytes"] == ss["rx_bytes"] > 1 << 20 and cs["tx_msgs"] == ss["rx_msgs"]
+            assert ctr["client"]["per"] == "MB"
+            assert ctr["client"]["amount"] == pytest.approx(cs["tx_bytes"] / 1e6)
+            assert ctr["client"]["arms"] == pytest.approx(cs["arms"] / (cs["tx_bytes"] / 1e6))
+        elif c["test"] == "pingpong":
+            cs = c["client"]["stats"]
+            assert cs["tx_msgs"] >= 220 and ctr["client"]["per"] == "msg"  # 200 + 20 warm-up
+            assert ctr["server"]["notifies_sent"] == pytest.approx(
+                c["server"]["stats"]["notifies_sent"] / ctr["server"]["amount"]
+            )
+        else:
+            assert ctr["client"]["per"] == "window"
+            assert all(v == 0 for k, v in c["client"]["idle_counters"].items())
+
+
+@pytest.mark.parametrize("mode,spin_us", [("event", 0), ("spin", 1_000_000), ("adaptive", 50)])
+def test_mode(tmp_path: Path, mode: str, spin_us: int) -> None:
+    rc, text, doc = bench(
+        tmp_path, "--transport", "rsock", "--api", "sync", "--tests", "pingpong", "--mode", mode
+    )
+    assert rc == 0, text
+    assert doc["env"]["mode"] == mode and doc["config"]["mode"] == mode
+    assert text.count(f"test [{mode}]") == 1 and f"mode={mode} (RSOCK_SPIN_US" in text
+    (case,) = doc["cases"]
+    stats = [case[side]["stats"] for side in ("client", "server")]
+    for side in ("client", "server"):  # both workers got it
+        assert case[side]["rsock_opts"]["spin_us"] == spin_us, case[side]
+    sleeps = sum(st["sleeps"] for st in stats)
+    if mode == "event":  # never spins: every wait that is not already over arms and sleeps
+        assert [st["spins"] for st in stats] == [0, 0], stats
+        assert sleeps >= 100, stats  # 220 round trips: at least one side waits on most
+    elif mode == "spin":  # 1 s of spinning covers every wait of a ping-pong
+        assert sleeps <= 4 and sum(st["arms"] for st in stats) <= 4, stats
+
+
+def test_mode_from_environment(tmp_path: Path) -> None:
+    env = {**os.environ, "RSOCK_SPIN_US": "7"}
+    out = tmp_path / "b.json"
+    proc = run_raw(
+        [*TINY, "--transport", "rsock", "--api", "sync", "--tests", "pingpong", "--json", str(out)],
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["env"]["mode"] == "env" and doc["env"]["spin_us"] == "7"
+    assert doc["cases"][0]["server"]["rsock_opts"]["spin_us"] == 7
+    assert "mode=RSOCK_SPIN_US=7 (from the environment)" in proc.stdout
+    # an explicit --mode wins over the environment, for both workers
+    proc = run_raw(
+        [*TINY, "--transport", "rsock", "--api", "sync", "--tests", "pingpong", "--json", str(out),
+         "--mode", "event"], env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert [doc["cases"][0][s]["rsock_opts"]["spin_us"] for s in ("client", "server")] == [0, 0]
+
+
+@pytest.mark.parametrize("mode", ["spin", "adaptive"])
+def test_idle(tmp_path: Path, mode: str) -> None:
+    rc, text, doc = bench(
+        tmp_path, "--transport", "rsock,tcp", "--tests", "idle", "--idle-conns", "12",
+        "--idle-time", "0.5", "--mode", mode,
+    )  # fmt: skip
+    assert rc == 0, text
+    assert [(c["api"], c["test"], c["transport"]) for c in doc["cases"]] == [
+        ("sync", "idle", "rsock"),
+        ("sync", "idle", "tcp"),
+    ]  # sync api only
+    assert "idle 12 conns [sync]  cpu client" in text and "wake-ups (both sides)" in text
+    for c in doc["cases"]:
+        s = c["summary"]
+        assert s["connections"] == c["server"]["connections"] == 12
+        assert s["wakeups"] == 0
+        for side in ("client", "server"):
+            r = c[side]
+            assert 0.3e9 <= r["idle_ns"] <= 0.5e9 + 0.4e9  # measured from the wake-up
+            # nothing may spin while idle (even in spin mode: nobody waits in the engine);
+            # a spinning process would show ~10^6 µs/s, the wake-up at the end ~10^2
+            assert s[f"{side}_cpu_us_per_s"] < 50_000, (side, s)
+        if c["transport"] == "rsock":
+            assert c["client"]["provider"] == "shm"
+            for side in ("client", "server"):
+                assert set(c[side]["idle_counters"].values()) == {0}, c[side]["idle_counters"]
+
+
+def test_provider_label_and_record(tmp_path: Path) -> None:
+    """RSOCK_PROVIDER=verbs: labelled rsock(verbs); recorded; whatever the host can do."""
+    env = {**os.environ, "RSOCK_PROVIDER": "verbs"}
+    out = tmp_path / "b.json"
+    proc = run_raw(
+        [*TINY, "--transport", "rsock,tcp", "--api", "sync", "--tests", "pingpong",
+         "--timeout", "20", "--json", str(out)], env=env,
+    )  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["env"]["rsock_provider_env"] == "verbs"
+    assert doc["env"]["rsock_env"]["RSOCK_PROVIDER"] == "verbs"
+    header = proc.stdout.splitlines()[2].split()
+    assert header[:4] == ["test", "[adaptive]", "rsock(verbs)", "tcp"], proc.stdout
+    assert "rsock(verbs) vs tcp" in proc.stdout
+    rsock_case = doc["cases"][0]
+    assert rsock_case["label"] == "rsock(verbs)" and rsock_case["transport"] == "rsock"
+    if rsock_case["status"] == "ok":  # a host with an RDMA device (or rxe)
+        used = doc["env"]["rsock_providers_used"]
+        assert used == ["verbs"] or "WARNING: RSOCK_PROVIDER asks for verbs" in proc.stdout
+    else:  # no RDMA device here: the case fails and says why, the others still run
+        assert proc.returncode == 1
+        assert "FAILED rsock(verbs) pingpong 64 B [sync]" in proc.stdout
+        assert doc["cases"][1]["status"] == "ok"
+
+
+def test_ucxx_reference(tmp_path: Path) -> None:
+    """ucxx is optional: a ping-pong when importable, else one clear error."""
+    args = ["--transport", "ucxx,tcp", "--api", "asyncio", "--tests", "pingpong"]
+    if importlib.util.find_spec("ucxx") is None:
+        proc = run_raw([*TINY, *args])
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert "--transport ucxx: the ucxx package" in proc.stderr
+        assert proc.stderr.count("error:") == 1
+        return
+    rc, text, doc = bench(tmp_path, *args)
+    assert rc == 0, text
+    assert [c["transport"] for c in doc["cases"]] == ["ucxx", "tcp"]
+    assert len(doc["cases"][0]["client"]["rtt_ns"]) == 200
+
+
+def test_options_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rsock import bench as rb
+
+    monkeypatch.delenv("RSOCK_SPIN_US", raising=False)
+    monkeypatch.delenv("RSOCK_PROVIDER", raising=False)
+    o = rb.parse_options(["--pin", "none"])
+    assert o.tests == ["stream", "msgrate", "pingpong", "connrate", "idle"]
+    assert (o.idle_conns, o.idle_time, o.ping_sizes, o.mode, o.spin_us) == (
+        100, 2.0, [64], "adaptive", None
+    )  # fmt: skip
+    assert o.transports == ["rsock", "tcp", *(["ucxx"] if importlib.util.find_spec("ucxx") else [])]
+    q = rb.parse_options(["--quick", "--pin", "none", "--sweep", "--mode", "spin"])
+    assert (q.idle_conns, q.idle_time, q.ping_sizes, q.spin_us) == (20, 1.0, rb.SWEEP_SIZES, 10**6)
+    assert rb.ping_rounds(q, 64) == (2000, 200) and rb.ping_rounds(q, 8 << 20) == (20, 5)
+    assert rb.ping_rounds(o, 1 << 20) == (256, 25)  # 256 MiB budget
+    assert rb.worker_env(q)["RSOCK_SPIN_US"] == "1000000"
+    e = rb.parse_options(["--pin", "none", "--mode", "event", "--ping-sizes", "1K,2K"])
+    assert e.ping_sizes == [1024, 2048] and rb.worker_env(e)["RSOCK_SPIN_US"] == "0"
+    monkeypatch.setenv("RSOCK_SPIN_US", "5")
+    a = rb.parse_options(["--pin", "none", "--mode", "adaptive"])
+    assert "RSOCK_SPIN_US" not in rb.worker_env(a)  # the engine's default
+    assert rb.parse_options(["--pin", "none"]).mode == "env"
+    monkeypatch.setenv("RSOCK_PROVIDER", "verbs")
+    v = rb.parse_options(["--pin", "none"])
+    assert rb.transport_label(v, "rsock") == "rsock(verbs)"
+    assert rb.transport_label(v, "tcp") == "tcp"
+    for bad in (["--idle-conns", "0"], ["--idle-time", "0"], ["--ping-sizes", ","]):
+        with pytest.raises(SystemExit):
+            rb.parse_options(["--pin", "none", *bad])

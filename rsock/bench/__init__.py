@@ -17,12 +17,29 @@ Tests:
   against the pattern, then acks.  Warm-up of at most 20000 messages (--quick 5000),
   calibration, then ``--reps`` repetitions of ~``--rep-time``: messages/s, median
   [min-max].
-* pingpong: the client sends ``--ping-size`` bytes, the server echoes them; each round
-  trip is timed on its own: percentiles of the round-trip time (RTT, not RTT/2).
+* pingpong: the client sends ``--ping-size`` bytes (or each of ``--ping-sizes``; with
+  ``--sweep`` the sweep sizes), the server echoes them; each round trip is timed on its
+  own: percentiles of the round-trip time (RTT, not RTT/2).  Rounds at size S are
+  min(--rounds, max(20, 256 MiB / S)) (--quick: 32 MiB), so large sizes stay bounded.
 * connrate (sync api only): the client loops connect + 1-byte echo + close (the server
   closes first); a warm-up, then ``--reps`` phases of ~``--rep-time`` seconds each:
   connections/s, median [min-max].  For rsock this is its whole connection setup
   (rendezvous included), for tcp/unix the kernel's.
+* idle (sync api only): ``--idle-conns`` connected pairs, both processes waiting for
+  input on all of them with a selector for ``--idle-time`` seconds (one window on the
+  shared monotonic clock): each process's CPU time per second of idle time, how many
+  connections woke it up (expected 0), and for rsock the change of every counter.
+
+rsock cases also report the engine's counters (``sock.stats()`` of both sides at the
+end of the session: stalls, arms, notifies, spins, sleeps) per MB or per message, and
+the provider actually used (``sock.provider``).  ``--mode spin|event|adaptive`` sets
+RSOCK_SPIN_US of both workers (1000000, 0, unset = the engine's default of 50 µs).
+``ucxx`` (only when the ``ucxx`` package is importable) is a ping-pong reference on the
+asyncio api over UCX's tag send/recv.
+
+Progress goes to stderr (``--progress``, ``--no-progress``: tqdm or rich when
+importable, else a ``\r`` status line; one line per case when stderr is not a
+terminal), the table to stdout, ``--json`` and ``--plot`` (matplotlib) to files.
 
 APIs (``--api``):
 
@@ -60,12 +77,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+if __package__:
+    from rsock.bench import _plot, _progress
+else:  # `python rsock/bench/__init__.py`: the sibling modules are on sys.path[0]
+    import _plot  # type: ignore[import-not-found,no-redef]
+    import _progress  # type: ignore[import-not-found,no-redef]
+
 WORKER = Path(__file__).resolve().with_name("_worker.py")
-TRANSPORTS = ("rsock", "tcp", "unix")
-TESTS = ("stream", "msgrate", "pingpong", "connrate")
-SYNC_ONLY_TESTS = ("connrate",)
+TRANSPORTS = ("rsock", "tcp", "unix", "ucxx")
+TESTS = ("stream", "msgrate", "pingpong", "connrate", "idle")
+SYNC_ONLY_TESTS = ("connrate", "idle")
+UCXX_TESTS = ("pingpong",)  # what the optional ucxx reference runs (asyncio api)
 SWEEP_SIZES = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
 MSGRATE_WARMUP = (20000, 5000)  # max warm-up messages of msgrate: (normal, --quick)
+# ping-pong rounds at size S: min(--rounds, max(PING_MIN_ROUNDS, budget / S)), so that
+# large sizes (--sweep, --ping-sizes) stay bounded; budget: (normal, --quick) bytes
+PING_BUDGET = (256 << 20, 32 << 20)
+PING_MIN_ROUNDS = 20
+# --mode -> RSOCK_SPIN_US of both workers (None: unset, the engine's default, 50 µs)
+MODES: dict[str, int | None] = {"adaptive": None, "event": 0, "spin": 1_000_000}
 APIS = ("sync", "asyncio")
 LOOPS = ("asyncio", "uvloop")
 BASELINE = "tcp"
@@ -149,21 +179,31 @@ class Options:
     quick: bool
     json_path: str | None
     fault: str
+    ping_sizes: list[int] = field(default_factory=lambda: [64])
+    mode: str = "adaptive"  # spin | event | adaptive | env (RSOCK_SPIN_US from the environment)
+    spin_us: int | None = None  # RSOCK_SPIN_US given to the workers (None: not set)
+    idle_conns: int = 100
+    idle_time: float = 2.0
+    plot_path: str | None = None
+    progress: str = "auto"
+    rsock_provider: str = ""  # RSOCK_PROVIDER of this run ("" = unset: shm)
     cpus: tuple[int, int] = (-1, -1)  # (server, client); -1 = not pinned
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m rsock.bench",
-        description="Stream throughput, message rate, ping-pong latency and connection "
-        "setup rate of rsock vs TCP (and AF_UNIX), server and client in separate processes.",
+        description="Stream throughput, message rate, ping-pong latency, connection setup "
+        "rate and idle cost of rsock vs TCP (and AF_UNIX), server and client in separate "
+        "processes.",
     )
     ap.add_argument(
         "--transport",
         type=parse_list(TRANSPORTS),
-        default=["rsock", "tcp"],
+        default=None,
         metavar="LIST",
-        help="comma list of rsock,tcp,unix (default rsock,tcp)",
+        help="comma list of rsock,tcp,unix,ucxx (default rsock,tcp, plus ucxx when the "
+        "ucxx package is importable: a ping-pong reference on the asyncio api)",
     )
     ap.add_argument(
         "--api",
@@ -184,8 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_list(TESTS),
         default=list(TESTS),
         metavar="LIST",
-        help="comma list of stream,msgrate,pingpong,connrate (default all; connrate "
-        "runs with the sync api only)",
+        help="comma list of stream,msgrate,pingpong,connrate,idle (default all; connrate "
+        "and idle run with the sync api only)",
     )
     ap.add_argument(
         "--sizes",
@@ -197,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--sweep",
         action="store_true",
-        help="stream sizes 64,256,1K,4K,16K,64K,256K,1M,4M,8M instead of --sizes",
+        help="stream and ping-pong sizes 64,256,1K,4K,16K,64K,256K,1M,4M,8M instead of "
+        "--sizes (ping-pong: unless --ping-sizes is given)",
     )
     ap.add_argument(
         "--msg-size",
@@ -212,6 +253,59 @@ def build_parser() -> argparse.ArgumentParser:
         default=64,
         metavar="SIZE",
         help="ping-pong message size (default 64)",
+    )
+    ap.add_argument(
+        "--ping-sizes",
+        type=parse_sizes,
+        default=None,
+        metavar="LIST",
+        help="ping-pong message sizes, e.g. 64,4K,64K (default: --ping-size; --sweep: the "
+        "sweep sizes); rounds per size are capped at 256 MiB (--quick 32 MiB) / size, "
+        f"at least {PING_MIN_ROUNDS}",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=tuple(MODES),
+        default=None,
+        help="rsock completion mode of both sides, through RSOCK_SPIN_US: event = 0 (arm and "
+        "sleep at once), adaptive = the engine default (spin 50 µs, then sleep), spin = "
+        "1000000 (spin up to 1 s, then sleep); default adaptive, or RSOCK_SPIN_US as set",
+    )
+    ap.add_argument(
+        "--idle-conns",
+        type=int,
+        default=None,
+        metavar="N",
+        help="connections held open by the idle test (default 100, --quick 20)",
+    )
+    ap.add_argument(
+        "--idle-time",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="idle window of the idle test (default 2, --quick 1)",
+    )
+    ap.add_argument(
+        "--plot",
+        dest="plot_path",
+        metavar="PATH.png",
+        help="draw ping-pong latency and stream bandwidth against size (needs matplotlib: "
+        "pip install 'rsock[bench]')",
+    )
+    ap.add_argument(
+        "--progress",
+        choices=_progress.STYLES,
+        default="auto",
+        help="progress display on stderr: a tqdm or rich bar when importable, else a "
+        "one-line text status (auto, the default, on a terminal; a plain line per case "
+        "otherwise)",
+    )
+    ap.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_const",
+        const="off",
+        help="no progress output at all (stdout, the table, is unchanged)",
     )
     ap.add_argument(
         "--reps", type=int, default=None, help="stream repetitions (default 5, --quick 3)"
@@ -287,12 +381,43 @@ def parse_options(argv: list[str]) -> Options:
         return value if value is not None else (quick if q else normal)
 
     have_uvloop = importlib.util.find_spec("uvloop") is not None
+    have_ucxx = importlib.util.find_spec("ucxx") is not None
     if a.sweep and a.sizes is not None:
         ap.error("--sweep and --sizes exclude each other")
     if a.loop == "uvloop" and not have_uvloop:
         ap.error("--loop uvloop: uvloop is not importable (pip install uvloop)")
+    transports = a.transport
+    if transports is None:
+        transports = ["rsock", "tcp", *(["ucxx"] if have_ucxx else [])]
+    if "ucxx" in transports:
+        if not have_ucxx:
+            ap.error(
+                "--transport ucxx: the ucxx package (UCX's Python bindings) is not importable "
+                "in this interpreter; it is an optional reference that rsock does not install"
+            )
+        if "asyncio" not in a.api or "pingpong" not in a.tests:
+            ap.error("--transport ucxx runs the pingpong test on the asyncio api only")
+    if a.progress in ("tqdm", "rich") and not _progress.available(a.progress):
+        ap.error(f"--progress {a.progress}: {a.progress} is not importable")
+    if a.plot_path:
+        if not _plot.have_matplotlib():
+            ap.error(f"--plot needs matplotlib, which is not installed: {_plot.INSTALL_HINT}")
+        if "stream" not in a.tests and "pingpong" not in a.tests:
+            ap.error("--plot needs the stream and/or pingpong tests")
+        parent = Path(a.plot_path).resolve().parent
+        if not parent.is_dir():
+            ap.error(f"--plot: directory {parent} does not exist")
+    if a.ping_sizes is not None and not a.ping_sizes:
+        ap.error("--ping-sizes is empty")
+    env_spin = os.environ.get("RSOCK_SPIN_US")
+    if a.mode is not None:
+        mode, spin_us = a.mode, MODES[a.mode]
+    elif env_spin:
+        mode, spin_us = "env", None  # the workers inherit RSOCK_SPIN_US as it is
+    else:
+        mode, spin_us = "adaptive", None
     opts = Options(
-        transports=a.transport,
+        transports=transports,
         apis=a.api,
         loop=a.loop or ("uvloop" if have_uvloop else "asyncio"),
         tests=a.tests,
@@ -310,9 +435,19 @@ def parse_options(argv: list[str]) -> Options:
         quick=q,
         json_path=a.json_path,
         fault=a.fault,
+        ping_sizes=a.ping_sizes or (list(SWEEP_SIZES) if a.sweep else [a.ping_size]),
+        mode=mode,
+        spin_us=spin_us,
+        idle_conns=pick(a.idle_conns, 100, 20),
+        idle_time=pick(a.idle_time, 2.0, 1.0),
+        plot_path=a.plot_path,
+        progress=a.progress,
+        rsock_provider=os.environ.get("RSOCK_PROVIDER", ""),
     )
     if opts.reps < 1 or opts.rounds < 1 or opts.rep_time <= 0 or opts.timeout <= 0:
         ap.error("--reps and --rounds must be >= 1, --rep-time and --timeout > 0")
+    if opts.idle_conns < 1 or opts.idle_time <= 0:
+        ap.error("--idle-conns must be >= 1 and --idle-time > 0")
     if not opts.sizes:
         ap.error("--sizes is empty")
     if opts.pin != "none":
@@ -386,7 +521,44 @@ def environment(opts: Options) -> dict[str, Any]:
         "uvloop_version": uvloop_version(),
         "git_commit": git_commit(),
         "rsock_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RSOCK_")},
+        "mode": opts.mode,
+        "spin_us": opts.spin_us if opts.mode != "env" else os.environ.get("RSOCK_SPIN_US"),
+        "rsock_provider_env": os.environ.get("RSOCK_PROVIDER"),
+        "rsock_providers_used": None,  # filled in after the run, from the workers
+        "ucxx_version": package_version("ucxx") if "ucxx" in opts.transports else None,
     }
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def transport_label(opts: Options, transport: str) -> str:
+    """rsock(verbs) when RSOCK_PROVIDER asks for another provider than shm."""
+    if transport == "rsock" and opts.rsock_provider not in ("", "shm"):
+        return f"rsock({opts.rsock_provider})"
+    return transport
+
+
+def mode_text(opts: Options) -> str:
+    if opts.mode == "env":
+        return f"mode=RSOCK_SPIN_US={os.environ.get('RSOCK_SPIN_US')} (from the environment)"
+    spin = "engine default, 50" if opts.spin_us is None else str(opts.spin_us)
+    return f"mode={opts.mode} (RSOCK_SPIN_US {spin} {micro()})"
+
+
+def worker_env(opts: Options) -> dict[str, str]:
+    """The workers' environment: RSOCK_SPIN_US as --mode says (both sides)."""
+    env = dict(os.environ)
+    if opts.mode == "env":
+        return env
+    env.pop("RSOCK_SPIN_US", None)
+    if opts.spin_us is not None:
+        env["RSOCK_SPIN_US"] = str(opts.spin_us)
+    return env
 
 
 # --------------------------------------------------------------------------- running
@@ -411,11 +583,17 @@ class Case:
     server_stderr: str = ""
     client_stderr: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
+    label: str = ""  # transport as the table shows it (rsock(verbs))
 
     @property
     def name(self) -> str:
-        size = "" if self.test == "connrate" else f" {fmt_size(self.size)}"
-        return f"{self.transport} {self.test}{size} [{self.tag}]"
+        if self.test == "connrate":
+            size = ""
+        elif self.test == "idle":
+            size = f" {self.size} conns"
+        else:
+            size = f" {fmt_size(self.size)}"
+        return f"{self.label or self.transport} {self.test}{size} [{self.tag}]"
 
     @property
     def tag(self) -> str:
@@ -424,6 +602,7 @@ class Case:
     def to_json(self) -> dict[str, Any]:
         return {
             "transport": self.transport,
+            "label": self.label or self.transport,
             "api": self.api,
             "loop": self.loop if self.api == "asyncio" else None,
             "test": self.test,
@@ -453,7 +632,17 @@ def worker_args(opts: Options, case: Case) -> list[str]:
         case.loop or "asyncio",
         "--timeout",
         str(opts.timeout),
+        "--idle-time",
+        str(opts.idle_time),
     ]
+
+
+def ping_rounds(opts: Options, size: int) -> tuple[int, int]:
+    """(timed, warm-up) ping-pong rounds at ``size``: bounded volume for large sizes."""
+    budget = PING_BUDGET[1 if opts.quick else 0]
+    rounds = min(opts.rounds, max(PING_MIN_ROUNDS, budget // size))
+    warmup = min(opts.warmup_rounds, max(PING_MIN_ROUNDS // 4, rounds // 10))
+    return rounds, warmup
 
 
 def warmup_bytes(opts: Options, case: Case) -> int:
@@ -464,6 +653,7 @@ def warmup_bytes(opts: Options, case: Case) -> int:
 
 
 def client_args(opts: Options, case: Case) -> list[str]:
+    rounds, warmup_rounds = ping_rounds(opts, case.size)
     return [
         "--reps",
         str(opts.reps),
@@ -474,9 +664,9 @@ def client_args(opts: Options, case: Case) -> list[str]:
         "--verify",
         opts.verify,
         "--rounds",
-        str(opts.rounds),
+        str(rounds),
         "--warmup-rounds",
-        str(opts.warmup_rounds),
+        str(warmup_rounds),
         "--fault",
         opts.fault,
     ]
@@ -504,23 +694,34 @@ def wait_ready(proc: subprocess.Popen[bytes], out: Path, deadline: float) -> str
     return None
 
 
-def stop(proc: subprocess.Popen[bytes], grace: float) -> bool:
-    """Wait up to ``grace`` seconds, then kill. True if it had to be killed."""
-    try:
-        proc.wait(timeout=max(grace, 0.0))
-        return False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return True
+def stop(
+    proc: subprocess.Popen[bytes], grace: float, tick: Callable[[], None] | None = None
+) -> bool:
+    """Wait up to ``grace`` seconds (calling ``tick`` every 0.25 s), then kill.
+
+    True if it had to be killed."""
+    end = time.monotonic() + max(grace, 0.0)
+    while True:
+        try:
+            proc.wait(timeout=max(min(0.25, end - time.monotonic()), 0.0))
+            return False
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= end:
+                break
+            if tick is not None:
+                tick()
+    proc.kill()
+    proc.wait()
+    return True
 
 
-def run_case(opts: Options, case: Case) -> None:
+def run_case(opts: Options, case: Case, tick: Callable[[], None] | None = None) -> None:
     start = time.monotonic()
     deadline = start + opts.timeout + 10.0  # the workers stop themselves at opts.timeout
     tmp = Path(tempfile.mkdtemp(prefix="rsock-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
     killed = {"server": False, "client": False}
+    env = worker_env(opts)
     try:
         files = {n: tmp / n for n in ("server.out", "server.err", "client.out", "client.err")}
         base = [sys.executable, str(WORKER)]
@@ -539,6 +740,7 @@ def run_case(opts: Options, case: Case) -> None:
                 stdin=subprocess.DEVNULL,
                 stdout=so,
                 stderr=se,
+                env=env,
             )
         procs.append(server)
         ready = wait_ready(server, files["server.out"], deadline)
@@ -558,9 +760,10 @@ def run_case(opts: Options, case: Case) -> None:
                     stdin=subprocess.DEVNULL,
                     stdout=co,
                     stderr=ce,
+                    env=env,
                 )
             procs.append(client)
-            killed["client"] = stop(client, deadline - time.monotonic())
+            killed["client"] = stop(client, deadline - time.monotonic(), tick)
             grace = 10.0 if client.returncode == 0 else 2.0
             killed["server"] = stop(server, min(grace, deadline - time.monotonic()))
         else:
@@ -636,7 +839,70 @@ def median(values: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+COUNTER_KEYS = ("credit_stalls", "space_stalls", "arms", "notifies_sent", "spins", "sleeps")
+
+
+def side_counters(test: str, stats: dict[str, Any]) -> dict[str, Any]:
+    """One side's engine counters of a session, per MB (stream) or per message."""
+    if test == "stream":
+        per, amount = "MB", max(stats["tx_bytes"], stats["rx_bytes"]) / 1e6
+    else:
+        per, amount = "msg", max(stats["tx_msgs"], stats["rx_msgs"])
+    return {
+        "per": per,
+        "amount": amount,
+        **{k: stats[k] / amount if amount else 0.0 for k in COUNTER_KEYS},
+    }
+
+
+def counters(case: Case) -> dict[str, Any] | None:
+    """rsock's counters of both sides, normalised (None: not an rsock case, or no stats).
+
+    stream, msgrate, pingpong: whole session (warm-up included); connrate: the last
+    connection only (raw counts); idle: the change during the idle window, summed over
+    all connections (raw counts, all 0 when nothing happens)."""
+    if case.transport != "rsock":
+        return None
+    out: dict[str, Any] = {}
+    for side, result in (("client", case.client), ("server", case.server)):
+        if case.test == "idle":
+            stats = result.get("idle_counters")
+            if stats:
+                out[side] = {"per": "window", "amount": 1, **stats}
+            continue
+        stats = result.get("stats")
+        if not stats:
+            continue
+        if case.test == "connrate":
+            out[side] = {"per": "conn", "amount": 1, **stats}
+        else:
+            out[side] = side_counters(case.test, stats)
+    return out or None
+
+
 def summarize(case: Case) -> dict[str, Any]:
+    summary = summarize_test(case)
+    ctr = counters(case)
+    if ctr is not None:
+        summary["counters"] = ctr
+    return summary
+
+
+def summarize_test(case: Case) -> dict[str, Any]:
+    if case.test == "idle":
+        c, s = case.client, case.server
+        if c["connections"] != s["connections"]:
+            raise ValueError(
+                f"client held {c['connections']} connections, server {s['connections']}"
+            )
+        return {
+            "connections": c["connections"],
+            "idle_s": c["idle_ns"] / 1e9,
+            "client_cpu_us_per_s": c["idle_cpu_s"] / (c["idle_ns"] / 1e9) * 1e6,
+            "server_cpu_us_per_s": s["idle_cpu_s"] / (s["idle_ns"] / 1e9) * 1e6,
+            "wakeups": c["wakeups"] + s["wakeups"],
+            "client_setup_ms": c["setup_ns"] / 1e6,
+        }
     cph = case.client["phases"]
     if case.test == "connrate":
         rates = [c["count"] / c["ns"] * 1e9 for c in cph if c["kind"] == "rep"]
@@ -759,6 +1025,13 @@ def rows_for(test: str, size: int, tag: str) -> list[Row]:
             Row("  cpu client ns/msg", "client_cpu_ns_per_msg", False, 0),
             Row("  cpu server ns/msg", "server_cpu_ns_per_msg", False, 0),
         ]
+    if test == "idle":
+        return [
+            Row(f"idle {size} conns [{tag}]  cpu client {us}/s", "client_cpu_us_per_s", False, 1,
+                first=True),
+            Row(f"  cpu server {us}/s", "server_cpu_us_per_s", False, 1),
+            Row("  wake-ups (both sides)", "wakeups", False, 0),
+        ]  # fmt: skip
     if test == "connrate":
         return [
             Row(f"connrate [{tag}]  conn/s", "conn_per_s_median", True, 0, first=True, spread=True),
@@ -773,6 +1046,51 @@ def rows_for(test: str, size: int, tag: str) -> list[Row]:
         Row(f"  cpu client {us}/RT", "client_cpu_us_per_rt", False, 1),
         Row(f"  cpu server {us}/RT", "server_cpu_us_per_rt", False, 1),
     ]
+
+
+def fmt_counter(x: float) -> str:
+    """Two significant digits, never in exponent notation (0.00005, 0.71, 12, 340)."""
+    if x == 0:
+        return "0"
+    if x >= 100 or float(x).is_integer():
+        return f"{x:.0f}"
+    text = f"{x:.2g}"
+    if "e" in text:
+        digits = 1 - math.floor(math.log10(abs(x)))
+        text = f"{x:.{digits}f}".rstrip("0")
+    return text
+
+
+def counters_line(case: Case) -> str | None:
+    """The compact counters line printed under an rsock case."""
+    ctr = case.summary.get("counters")
+    if case.status != "ok" or not ctr:
+        return None
+    label = case.label or case.transport
+    if case.test == "idle" and all(
+        v == 0 for c in ctr.values() for k, v in c.items() if k not in ("per", "amount")
+    ):
+        return f"  {label} counters idle window: all 0 on both sides (no messages, arms, wake-ups)"
+    sides = []
+    per = ""
+    for side in ("client", "server"):
+        c = ctr.get(side)
+        if not c:
+            continue
+        per = c["per"]
+        f = fmt_counter
+        sides.append(
+            f"{side} stalls {f(c['credit_stalls'])}/{f(c['space_stalls'])} "
+            f"arms {f(c['arms'])} notifies {f(c['notifies_sent'])} "
+            f"spins/sleeps {f(c['spins'])}/{f(c['sleeps'])}"
+        )
+    where = {
+        "MB": "per MB",
+        "msg": "per msg",
+        "conn": "last conn",
+        "window": "idle window",
+    }[per]
+    return f"  {label} counters {where}: " + "; ".join(sides)
 
 
 def comparison(transports: list[str]) -> tuple[str, str] | None:
@@ -790,15 +1108,9 @@ def ratio_text(row: Row, a: dict[str, Any], b: dict[str, Any]) -> str:
     return f"{adv:.2f}x better" if adv >= 1 else f"{1 / adv:.2f}x worse"
 
 
-def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
-    parts = [
-        f"Python {env['python']}",
-        f"{env['cpu_model']} x{env['cpu_count']}",
-        env["kernel"],
-        pin_text(opts),
-        f"commit {env['git_commit'] or 'n/a'}",
-    ]
-    providers = sorted(
+def providers_used(cases: list[Case]) -> list[str]:
+    """The providers the rsock workers report (``sock.provider`` when connected)."""
+    return sorted(
         {
             str(side.get("provider"))
             for c in cases
@@ -807,17 +1119,32 @@ def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
             if side.get("provider") is not None
         }
     )
+
+
+def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
+    parts = [
+        f"Python {env['python']}",
+        f"{env['cpu_model']} x{env['cpu_count']}",
+        env["kernel"],
+        pin_text(opts),
+        f"commit {env['git_commit'] or 'n/a'}",
+    ]
+    providers = providers_used(cases)
     if "asyncio" in opts.apis:
         loop = opts.loop
         if loop == "uvloop":
             loop += f" {env.get('uvloop_version') or '?'}"
         parts.append(f"asyncio loop={loop}")
     if "rsock" in opts.transports:
-        parts.append(f"rsock provider={','.join(providers) or 'n/a'}")
+        parts.append(mode_text(opts))
+        requested = f" (RSOCK_PROVIDER={opts.rsock_provider})" if opts.rsock_provider else ""
+        parts.append(f"rsock provider={','.join(providers) or 'n/a'}{requested}")
         versions = {c.client.get("rsock_version") for c in cases if c.transport == "rsock"}
         versions.discard(None)
         if versions:
             parts.append(f"rsock {','.join(sorted(map(str, versions)))}")
+    if "ucxx" in opts.transports:
+        parts.append(f"ucxx {env.get('ucxx_version') or '?'}")
     rsock_env = env["rsock_env"]
     parts.append(" ".join(f"{k}={v}" for k, v in rsock_env.items()) or "no RSOCK_* env")
     return " | ".join(parts)
@@ -826,28 +1153,41 @@ def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
 def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
     by_key = {(c.transport, c.api, c.test, c.size): c for c in cases}
     cmp = comparison(opts.transports)
-    header = ["test", *opts.transports]
+    labels = [transport_label(opts, t) for t in opts.transports]
+    header = [f"test [{opts.mode}]" if "rsock" in opts.transports else "test", *labels]
     if cmp:
-        header.append(f"{cmp[0]} vs {cmp[1]}")
-    table: list[list[str]] = []
+        header.append(f"{transport_label(opts, cmp[0])} vs {cmp[1]}")
+    table: list[list[str] | str] = []  # a str: a free line (counters), not in the columns
     for api in opts.apis:
         for test, size in plan_tests(opts, api):
             for row in rows_for(test, size, api_tag(api, opts.loop)):
                 line = [row.label]
                 for t in opts.transports:
-                    c = by_key[(t, api, test, size)]
-                    if c.status == "ok":
+                    c = by_key.get((t, api, test, size))
+                    if c is None:
+                        line.append("n/a" if row.first else "")
+                    elif c.status == "ok":
                         line.append(row.cell(c.summary))
                     else:
                         line.append(f"FAILED ({c.status})" if row.first else "-")
                 if cmp:
-                    a, b = by_key[(cmp[0], api, test, size)], by_key[(cmp[1], api, test, size)]
-                    ok = a.status == "ok" and b.status == "ok"
-                    line.append(ratio_text(row, a.summary, b.summary) if ok else "-")
+                    a, b = (
+                        by_key.get((cmp[0], api, test, size)),
+                        by_key.get((cmp[1], api, test, size)),
+                    )
+                    ok = a is not None and b is not None and a.status == b.status == "ok"
+                    line.append(ratio_text(row, a.summary, b.summary) if a and b and ok else "-")
                 table.append(line)
-    widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
+            rsock_case = by_key.get(("rsock", api, test, size))
+            extra = counters_line(rsock_case) if rsock_case is not None else None
+            if extra:
+                table.append(extra)
+    cells = [r for r in table if isinstance(r, list)]
+    widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
 
-    def fmt_line(cells: list[str]) -> str:
+    def fmt_line(cells: list[str] | str) -> str:
+        if isinstance(cells, str):
+            return cells
         first = cells[0].ljust(widths[0])
         rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
         return "  ".join([first, *rest]).rstrip()
@@ -874,14 +1214,38 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
             f"[min-max] of {opts.reps} reps of ~{opts.rep_time:g} s."
         )
     if "pingpong" in tests:
+        rounds = ", ".join(
+            f"{fmt_size(n)}: {r} after {w}"
+            for n in opts.ping_sizes
+            for r, w in [ping_rounds(opts, n)]
+        )
         out.append(
-            f"RTT = full round-trip time of one {fmt_size(opts.ping_size)} message echoed by "
-            f"the server, {opts.rounds} samples after {opts.warmup_rounds} warm-up."
+            "RTT = full round-trip time of one message echoed by the server; samples after "
+            f"warm-up rounds: {rounds}."
         )
     if "connrate" in tests:
         out.append(
             "conn/s = connect + 1-byte echo + close (server closes first) in a loop, sync "
             f"api only, median [min-max] of {opts.reps} reps of ~{opts.rep_time:g} s."
+        )
+    if "idle" in tests:
+        out.append(
+            f"idle = {opts.idle_conns} connected pairs, both processes waiting for input on all "
+            f"of them (selectors, {opts.idle_time:g} s window, sync api): CPU time of each "
+            f"process per second of idle time ({micro()}/s, lower is better; all threads); "
+            "wake-ups = connections reported readable during the window (expected 0)."
+        )
+    if "rsock" in opts.transports:
+        out.append(
+            "rsock counters (sock.stats() of both sides): stalls = sends that waited for "
+            "credits / for ring space, arms = notification arms, notifies = eventfd writes "
+            "to the peer, spins/sleeps = waits ended while spinning / after sleeping; per MB "
+            "(stream) or data message (msgrate, pingpong: ~per RT) over the whole session, "
+            "warm-up included; connrate: the last connection; idle: change during the window."
+        )
+        out.append(
+            f"{mode_text(opts)}: the spin time of blocking waits (sync api; asyncio waits "
+            "in the event loop)."
         )
     out.append(
         "cpu = user+sys of that process (median over reps) per 10^9 bytes, message, RT or "
@@ -900,6 +1264,10 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
             "row, same api and size (throughput and rates: higher is better; RTT and cpu: lower "
             "is better)."
         )
+    used = providers_used(cases)
+    wanted = opts.rsock_provider or "shm"
+    if "rsock" in opts.transports and used and used != [wanted]:
+        out.append(f"WARNING: RSOCK_PROVIDER asks for {wanted}, the workers used {','.join(used)}")
     failed = [c for c in cases if c.status != "ok"]
     if failed:
         out.append("")
@@ -914,10 +1282,27 @@ def plan_tests(opts: Options, api: str) -> list[tuple[str, int]]:
     if "msgrate" in opts.tests:
         plan.append(("msgrate", opts.msg_size))
     if "pingpong" in opts.tests:
-        plan.append(("pingpong", opts.ping_size))
+        plan.extend(("pingpong", s) for s in opts.ping_sizes)
     if "connrate" in opts.tests and api == "sync":
         plan.append(("connrate", 1))
+    if "idle" in opts.tests and api == "sync":
+        plan.append(("idle", opts.idle_conns))
     return plan
+
+
+def runs(transport: str, api: str, test: str) -> bool:
+    """Whether the transport has this case (ucxx: ping-pong on the asyncio api only)."""
+    return transport != "ucxx" or (api == "asyncio" and test in UCXX_TESTS)
+
+
+def case_plan(opts: Options) -> list[tuple[str, str, str, int]]:
+    return [
+        (t, api, test, size)
+        for api in opts.apis
+        for test, size in plan_tests(opts, api)
+        for t in opts.transports
+        if runs(t, api, test)
+    ]
 
 
 def progress(case: Case) -> str:
@@ -926,6 +1311,11 @@ def progress(case: Case) -> str:
         return f"FAILED ({case.status}): {case.error.splitlines()[0] if case.error else ''}"
     if case.test == "stream":
         return f"{s['gbps_median']:.3f} GB/s [{s['gbps_min']:.3f}-{s['gbps_max']:.3f}]"
+    if case.test == "idle":
+        return (
+            f"cpu client {s['client_cpu_us_per_s']:.1f} {micro()}/s, server "
+            f"{s['server_cpu_us_per_s']:.1f} {micro()}/s, {s['wakeups']} wake-ups"
+        )
     if case.test in ("msgrate", "connrate"):
         key, unit = ("msg_per_s", "msg/s") if case.test == "msgrate" else ("conn_per_s", "conn/s")
         lo, hi = s[key + "_min"], s[key + "_max"]
@@ -936,28 +1326,36 @@ def progress(case: Case) -> str:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_options(sys.argv[1:] if argv is None else argv)
     env = environment(opts)
-    plan = [
-        (t, api, test, size)
-        for api in opts.apis
-        for test, size in plan_tests(opts, api)
-        for t in opts.transports
-    ]
-    print(
-        f"rsock.bench: {len(plan)} cases, {pin_text(opts)}{', quick' if opts.quick else ''}",
-        file=sys.stderr,
-        flush=True,
+    plan = case_plan(opts)
+    bar = _progress.make(opts.progress, len(plan))
+    extra = f", {mode_text(opts)}" if "rsock" in opts.transports else ""
+    bar.message(
+        f"rsock.bench: {len(plan)} cases, {pin_text(opts)}{extra}{', quick' if opts.quick else ''}"
     )
     cases: list[Case] = []
     t0 = time.monotonic()
-    for i, (transport, api, test, size) in enumerate(plan, 1):
-        case = Case(transport, test, size, api, opts.loop if api == "asyncio" else "")
-        print(f"[{i}/{len(plan)}] {case.name} ...", end=" ", file=sys.stderr, flush=True)
-        run_case(opts, case)
-        print(f"{progress(case)} ({case.seconds:.1f} s)", file=sys.stderr, flush=True)
-        cases.append(case)
+    try:
+        for i, (transport, api, test, size) in enumerate(plan, 1):
+            case = Case(transport, test, size, api, opts.loop if api == "asyncio" else "")
+            case.label = transport_label(opts, transport)
+            bar.start(i, case.name)
+            run_case(opts, case, bar.tick)
+            bar.done(f"{progress(case)} ({case.seconds:.1f} s)")
+            cases.append(case)
+    finally:
+        bar.close()
     total = time.monotonic() - t0
-    print(render(opts, env, cases))
-    print(f"total {total:.1f} s", file=sys.stderr)
+    env["rsock_providers_used"] = providers_used(cases) if "rsock" in opts.transports else None
+    print(render(opts, env, cases), flush=True)
+    bar.message(f"total {total:.1f} s")
+    plot_failed = False
+    if opts.plot_path:
+        try:
+            _plot.write_plot(opts.plot_path, plot_data(opts, env, cases), micro())
+            bar.message(f"plot written to {opts.plot_path}")
+        except Exception as exc:  # noqa: BLE001 - the table is out; report and fail
+            print(f"rsock.bench: --plot failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            plot_failed = True
     if opts.json_path:
         doc = {
             "env": env,
@@ -968,7 +1366,32 @@ def main(argv: list[str] | None = None) -> int:
         Path(opts.json_path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     if any(c.status == "verify" for c in cases):
         return EXIT_VERIFY
-    return EXIT_FAILED if any(c.status != "ok" for c in cases) else 0
+    return EXIT_FAILED if plot_failed or any(c.status != "ok" for c in cases) else 0
+
+
+def plot_data(opts: Options, env: dict[str, Any], cases: list[Case]) -> _plot.PlotData:
+    """The --plot series: ping-pong p50 (min-p90) and stream GB/s (min-max) by size."""
+    latency: dict[tuple[str, str], _plot.Series] = {}
+    bandwidth: dict[tuple[str, str], _plot.Series] = {}
+    for c in cases:
+        if c.status != "ok" or c.test not in ("pingpong", "stream"):
+            continue
+        key = (c.transport, c.api)
+        name = f"{c.label or c.transport} [{c.tag}]"
+        s = c.summary
+        if c.test == "pingpong":
+            series = latency.setdefault(key, _plot.Series(name, c.transport, c.api))
+            series.points.append((c.size, s["rtt_us_p50"], s["rtt_us_min"], s["rtt_us_p90"]))
+        else:
+            series = bandwidth.setdefault(key, _plot.Series(name, c.transport, c.api))
+            series.points.append((c.size, s["gbps_median"], s["gbps_min"], s["gbps_max"]))
+    title = (
+        f"rsock.bench {env['date']}, commit {env['git_commit'] or 'n/a'}: "
+        f"{env['cpu_model']} x{env['cpu_count']}, Python {env['python']}\n{pin_text(opts)}"
+        + (f", {mode_text(opts)}" if "rsock" in opts.transports else "")
+        + (", quick" if opts.quick else "")
+    )
+    return _plot.PlotData(title, list(latency.values()), list(bandwidth.values()))
 
 
 if __name__ == "__main__":  # `python rsock/bench/__init__.py`: runs without importing rsock

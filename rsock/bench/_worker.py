@@ -4,10 +4,13 @@ The parent (`python -m rsock.bench`) starts this file *by path* with the same
 interpreter, so a tcp/unix case never imports the `rsock` package; only the rsock
 transport imports it, lazily.  Standard library only.
 
-    _worker.py serve  --transport T --test stream|msgrate|pingpong|connrate --size S
-                      [--addr PATH] [--cpu N]
+    _worker.py serve  --transport T --test stream|msgrate|pingpong|connrate|idle
+                      --size S [--addr PATH] [--cpu N] [--idle-time SECONDS]
                       [--api sync|asyncio] [--loop asyncio|uvloop]
     _worker.py client --transport T --test ... --addr ADDR [test parameters]
+
+T is rsock, tcp, unix or ucxx (pingpong only, always on an event loop; imported only
+then).  RSOCK_SPIN_US and RSOCK_PROVIDER come from the environment the parent gives.
 
 ``--api sync`` uses blocking sockets; ``--api asyncio`` runs an event loop on both
 sides with Protocols (no streams): tcp/unix over the loop's own ``create_server`` /
@@ -29,6 +32,12 @@ Wire protocol (same for every transport, client -> server unless noted):
   ``seq % 255`` that the server checks against its own count, echoes, then closes
   (server-side close first, so TIME_WAIT stays off the client's ephemeral ports); a
   last connection with ``QUIT`` ends the session.
+* idle (sync api only): ``--size`` connections; ``IDLE_GO`` on the first one, the
+  server answers with the idle window (start, end on CLOCK_MONOTONIC), both wait on
+  all connections until its end, then ``IDLE_WAKE`` on every connection, echoed.
+
+rsock results carry ``provider``, ``stats`` (the session's counters) and ``rsock_opts``
+(the tunables in force, ``spin_us`` included) of one connection.
 
 Message number ``seq`` (counted over the whole session) is the window
 ``pattern[off:off + size]`` with ``off = (seq % NWIN) * STEP`` of one deterministic
@@ -46,6 +55,7 @@ import json
 import os
 import random
 import resource
+import selectors
 import socket
 import struct
 import sys
@@ -66,8 +76,13 @@ FLAG_FULL_VERIFY = 1
 NWIN = 61  # distinct message windows (prime: never a divisor of a power-of-two ring)
 STEP = 64  # window offset step in the pattern
 QUIT = 0xFF  # connrate: the byte of the last connection (sequence bytes are 0..254)
+IDLE_GO = b"G"  # idle: all connections are up (client -> server, first connection)
+IDLE_WAKE = b"W"  # idle: the window is over (client -> server on every connection, echoed)
+IDLE_WINDOW = struct.Struct("<QQ")  # idle: window start, end (CLOCK_MONOTONIC ns)
+IDLE_LEAD_NS = 50_000_000  # idle: the window starts this long after the server sets it
 STRIDE = 512  # sampled verification: one byte every STRIDE bytes, phase moves per message
 PATTERN_SEED = 0x52534F434B  # "RSOCK"
+SYNC_ONLY = ("connrate", "idle")  # tests without an asyncio variant
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -191,13 +206,27 @@ def transport_info(transport: str, conn: Any) -> dict[str, Any]:
         info["rsock_file"] = getattr(mod, "__file__", None)
         info["rsock_version"] = getattr(mod, "__version__", None)
         info["provider"] = getattr(conn, "provider", None)
-        stats = getattr(conn, "stats", None)
-        if callable(stats):
-            try:
-                info["stats"] = stats()
-            except Exception as exc:  # noqa: BLE001 - diagnostics only
-                info["stats_error"] = repr(exc)
+        info["provider_env"] = os.environ.get("RSOCK_PROVIDER")
+        info["spin_us_env"] = os.environ.get("RSOCK_SPIN_US")
+        for key, name in (("stats", "stats"), ("rsock_opts", "rsock_opts")):
+            method = getattr(conn, name, None)
+            if callable(method):
+                try:
+                    info[key] = method()
+                except Exception as exc:  # noqa: BLE001 - diagnostics only
+                    info[key + "_error"] = repr(exc)
     return info
+
+
+def rsock_counters(transport: str, conns: list[Any]) -> dict[str, int]:
+    """The sum of ``stats()`` over rsock connections ({} for other transports)."""
+    total: dict[str, int] = {}
+    if transport != "rsock":
+        return total
+    for conn in conns:
+        for k, v in conn.stats().items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
 
 
 # --------------------------------------------------------------------------- server
@@ -267,9 +296,11 @@ class StreamChecker:
 
 
 def serve(args: argparse.Namespace) -> dict[str, Any]:
+    if args.transport == "ucxx":
+        return run_async(args, userve)
     if args.api == "asyncio":
-        if args.test == "connrate":
-            raise ValueError("connrate runs with the sync api only")
+        if args.test in SYNC_ONLY:
+            raise ValueError(f"{args.test} runs with the sync api only")
         return run_async(args, aserve)
     listener = new_socket(args.transport)
     if args.transport == "unix":
@@ -283,6 +314,13 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
             listener.listen(128)
             print(f"READY {addr}", flush=True)
             return serve_connrate(listener, args.transport)
+        finally:
+            listener.close()
+    if args.test == "idle":
+        try:
+            listener.listen(min(args.size, 4096))
+            print(f"READY {addr}", flush=True)
+            return serve_idle(listener, args)
         finally:
             listener.close()
     listener.listen(1)
@@ -387,6 +425,101 @@ def serve_connrate(listener: Any, transport: str) -> dict[str, Any]:
             f"{nbad} of {seq} connections carried the wrong sequence byte; first: {first_bad}"
         )
     return result
+
+
+def raise_fd_limit(need: int) -> None:
+    """Make room for ``need`` more descriptors (soft limit up to the hard one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = need + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+
+
+def idle_window(conns: list[Any], transport: str, start_ns: int, end_ns: int) -> dict[str, Any]:
+    """Wait for input on every connection (a selector, as an event-driven server
+    does) from ``start_ns`` to ``end_ns`` (CLOCK_MONOTONIC, shared by both processes).
+
+    Returns the process CPU time (all threads) spent in that window, how many
+    connections reported readiness before its end (``wakeups``: should be 0, the
+    peer sends nothing until the window is over) and, for rsock, the change of the
+    connections' counters in the window.  A connection that wakes us is unregistered
+    so that a stuck readiness cannot turn into a busy loop.
+    """
+    sel = selectors.DefaultSelector()
+    try:
+        for i, conn in enumerate(conns):  # before the window: fileno() arms rsock's fd
+            sel.register(conn, selectors.EVENT_READ, i)
+        now = time.monotonic_ns()
+        if start_ns > now:
+            time.sleep((start_ns - now) / 1e9)
+        before = rsock_counters(transport, conns)
+        wakeups: list[int] = []
+        selects = 0
+        c0 = cpu_seconds()
+        t0 = time.monotonic_ns()
+        while (left := end_ns - time.monotonic_ns()) > 0:
+            events = sel.select(left / 1e9)
+            selects += 1
+            if time.monotonic_ns() >= end_ns:
+                break  # what woke us came after the window (the peer's wake-up bytes)
+            for key, _ in events:
+                wakeups.append(int(key.data))
+                sel.unregister(key.fileobj)
+        t1 = time.monotonic_ns()
+        c1 = cpu_seconds()
+        after = rsock_counters(transport, conns)
+    finally:
+        sel.close()
+    return {
+        "idle_ns": t1 - t0,
+        "idle_cpu_s": c1 - c0,
+        "selects": selects,
+        "wakeups": len(wakeups),
+        "woken_connections": wakeups[:20],
+        "idle_counters": {k: after[k] - before.get(k, 0) for k in after},
+    }
+
+
+def serve_idle(listener: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Accept ``--size`` connections, hold them idle for ``--idle-time`` seconds.
+
+    The client sends ``IDLE_GO`` on its first connection when all are connected; the
+    reply carries the window (start, end) in CLOCK_MONOTONIC nanoseconds, which both
+    processes share.  After the window the client sends ``IDLE_WAKE`` on every
+    connection and the server echoes it: every connection is still alive.
+    """
+    n: int = args.size
+    raise_fd_limit(8 * n)
+    conns: list[Any] = []
+    buf = memoryview(bytearray(1))
+    try:
+        while len(conns) < n:
+            conn, _ = listener.accept()
+            conns.append(conn)
+            tune(conn, args.transport)
+        recv_exact(conns[0], buf, 1)
+        if bytes(buf) != IDLE_GO:
+            raise VerifyError(f"idle: expected the start byte {IDLE_GO!r}, got {bytes(buf)!r}")
+        start = time.monotonic_ns() + IDLE_LEAD_NS
+        end = start + int(args.idle_time * 1e9)
+        conns[0].sendall(IDLE_WINDOW.pack(start, end))
+        window = idle_window(conns, args.transport, start, end)
+        for i, conn in enumerate(conns):
+            recv_exact(conn, buf, 1)
+            if bytes(buf) != IDLE_WAKE:
+                raise VerifyError(f"idle: connection {i} carried {bytes(buf)!r} after the window")
+            conn.sendall(buf)
+        info = transport_info(args.transport, conns[0])
+    finally:
+        for conn in conns:
+            conn.close()
+    return {
+        "ok": True,
+        "connections": n,
+        **window,
+        **info,
+    }
 
 
 def serve_pingpong(conn: StreamSocket, size: int, phases: list[dict[str, Any]]) -> None:
@@ -748,6 +881,46 @@ def client_connrate(args: argparse.Namespace) -> dict[str, Any]:
     return {"ok": True, "phases": phases, "connections": seq, **info}
 
 
+def client_idle(args: argparse.Namespace) -> dict[str, Any]:
+    """The client of ``serve_idle``: connect ``--size`` times, idle, wake every one."""
+    n: int = args.size
+    raise_fd_limit(8 * n)
+    conns: list[Any] = []
+    buf = memoryview(bytearray(1))
+    wbuf = memoryview(bytearray(IDLE_WINDOW.size))
+    try:
+        c0 = cpu_seconds()
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            conns.append(connect(args))
+        setup_ns = time.perf_counter_ns() - t0
+        setup_cpu = cpu_seconds() - c0
+        if args.fault == "hang":
+            time.sleep(10**6)
+        conns[0].sendall(IDLE_GO)
+        recv_exact(conns[0], wbuf, IDLE_WINDOW.size)
+        start, end = IDLE_WINDOW.unpack(wbuf)
+        window = idle_window(conns, args.transport, start, end)
+        for conn in conns:
+            conn.sendall(IDLE_WAKE)
+        for i, conn in enumerate(conns):
+            recv_exact(conn, buf, 1)
+            if bytes(buf) != IDLE_WAKE:
+                raise VerifyError(f"idle: connection {i} echoed {bytes(buf)!r}")
+        info = transport_info(args.transport, conns[0])
+    finally:
+        for conn in conns:
+            conn.close()
+    return {
+        "ok": True,
+        "connections": n,
+        "setup_ns": setup_ns,
+        "setup_cpu_s": setup_cpu,
+        **window,
+        **info,
+    }
+
+
 def client_pingpong(conn: StreamSocket, args: argparse.Namespace) -> dict[str, Any]:
     size: int = args.size
     wins = windows(pattern(size), size)
@@ -913,8 +1086,8 @@ async def aend_session(proto: AsyncClient) -> None:
 async def aclient(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     cap = args.size if args.test == "pingpong" else ACK.size
-    if args.test == "connrate":
-        raise ValueError("connrate runs with the sync api only")
+    if args.test in SYNC_ONLY:
+        raise ValueError(f"{args.test} runs with the sync api only")
 
     def factory() -> AsyncClient:
         return AsyncClient(args.transport, cap)
@@ -945,11 +1118,126 @@ async def aclient(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+# --------------------------------------------------------------------------- ucxx
+
+
+def ucxx_module() -> Any:
+    return importlib.import_module("ucxx")
+
+
+def ucxx_info(mod: Any) -> dict[str, Any]:
+    info: dict[str, Any] = {"provider": "ucx", "ucxx_version": getattr(mod, "__version__", None)}
+    try:
+        info["ucx_version"] = ".".join(map(str, mod.get_ucx_version()))
+    except Exception as exc:  # noqa: BLE001 - diagnostics only
+        info["ucx_version_error"] = repr(exc)
+    return info
+
+
+async def userve(args: argparse.Namespace) -> dict[str, Any]:
+    """Ping-pong echo server over UCXX (tag send/recv of whole messages).
+
+    Same protocol as the other transports, message by message: a phase header
+    (``HDR.size`` bytes), ``count`` echoed messages, a header of count 0 answered
+    with an ``ACK``; then one ``b"B"`` from the client before both sides close.
+    """
+    if args.test != "pingpong":
+        raise ValueError("the ucxx transport runs the pingpong test only")
+    ucxx = ucxx_module()
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    phases: list[dict[str, Any]] = []
+    size: int = args.size
+
+    async def handler(ep: Any) -> None:
+        try:
+            hbuf = bytearray(HDR.size)
+            buf = bytearray(size)
+            while True:
+                await ep.recv(hbuf)
+                magic, _, count = HDR.unpack(hbuf)
+                if magic != MAGIC:
+                    raise VerifyError(f"ucxx: expected a phase header, got {bytes(hbuf)!r}")
+                if count == 0:
+                    await ep.send(bytearray(ACK.pack(0, 0)))
+                    await ep.recv(bytearray(1))
+                    break
+                c0 = cpu_seconds()
+                t0 = time.perf_counter_ns()
+                for _ in range(count):
+                    await ep.recv(buf)
+                    await ep.send(buf)
+                t1 = time.perf_counter_ns()
+                phases.append({"count": count, "ns": t1 - t0, "cpu_s": cpu_seconds() - c0})
+            await ep.close()
+            if not done.done():
+                done.set_result(None)
+        except Exception as exc:  # noqa: BLE001 - reported by userve
+            if not done.done():
+                done.set_exception(exc)
+
+    listener = ucxx.create_listener(handler, 0)
+    print(f"READY {listener.port}", flush=True)
+    try:
+        await done
+    finally:
+        listener.close()
+    return server_result(phases, {**ucxx_info(ucxx), **api_info(args)})
+
+
+async def uclient(args: argparse.Namespace) -> dict[str, Any]:
+    """Ping-pong client over UCXX: see ``userve``."""
+    if args.test != "pingpong":
+        raise ValueError("the ucxx transport runs the pingpong test only")
+    ucxx = ucxx_module()
+    size: int = args.size
+    wins = windows(pattern(size), size)
+    ep = await ucxx.create_endpoint("127.0.0.1", int(args.addr))
+    sbuf = bytearray(size)
+    rbuf = bytearray(size)
+    phases: list[dict[str, Any]] = []
+    samples = array("q")
+    seq = 0
+    if args.fault == "hang":
+        await asyncio.sleep(10**6)
+    for kind, count in (("warmup", args.warmup_rounds), ("rep", args.rounds)):
+        if count <= 0:
+            continue
+        samples = array("q", bytes(8 * count))
+        await ep.send(bytearray(HDR.pack(MAGIC, 0, count)))
+        nbad = 0
+        c0 = cpu_seconds()
+        w0 = time.perf_counter_ns()
+        for i in range(count):
+            sbuf[:] = wins[seq % NWIN]
+            t0 = time.perf_counter_ns()
+            await ep.send(sbuf)
+            await ep.recv(rbuf)
+            t1 = time.perf_counter_ns()
+            samples[i] = t1 - t0
+            if rbuf != sbuf:
+                nbad += 1
+            seq += 1
+        w1 = time.perf_counter_ns()
+        phases.append({"kind": kind, "count": count, "ns": w1 - w0, "cpu_s": cpu_seconds() - c0})
+        if nbad:
+            raise VerifyError(f"ping-pong {kind}: {nbad} of {count} echoes differ from the message")
+    await ep.send(bytearray(HDR.pack(MAGIC, 0, 0)))
+    await ep.recv(bytearray(ACK.size))
+    await ep.send(bytearray(b"B"))
+    await ep.close()
+    return {"ok": True, "phases": phases, "rtt_ns": samples.tolist(), **ucxx_info(ucxx)}
+
+
 def client(args: argparse.Namespace) -> dict[str, Any]:
+    if args.transport == "ucxx":
+        return {**run_async(args, uclient), "api": "asyncio", "loop": args.loop}
     if args.api == "asyncio":
         return run_async(args, aclient)
     if args.test == "connrate":
         return {**client_connrate(args), "api": "sync"}
+    if args.test == "idle":
+        return {**client_idle(args), "api": "sync"}
     conn = connect(args)
     try:
         if args.fault == "hang":
@@ -971,8 +1259,11 @@ def client(args: argparse.Namespace) -> dict[str, Any]:
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="rsock.bench worker")
     ap.add_argument("role", choices=("serve", "client"))
-    ap.add_argument("--transport", required=True, choices=("rsock", "tcp", "unix"))
-    ap.add_argument("--test", required=True, choices=("stream", "msgrate", "pingpong", "connrate"))
+    ap.add_argument("--transport", required=True, choices=("rsock", "tcp", "unix", "ucxx"))
+    ap.add_argument(
+        "--test", required=True, choices=("stream", "msgrate", "pingpong", "connrate", "idle")
+    )
+    ap.add_argument("--idle-time", type=float, default=2.0)
     ap.add_argument("--api", choices=("sync", "asyncio"), default="sync")
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--size", type=int, required=True)
