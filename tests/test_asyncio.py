@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
+from support import FAST_PROVIDER
 
 T = TypeVar("T")
 LOOPS = ["asyncio", "uvloop"]
@@ -74,7 +75,7 @@ def api(transport: str) -> SimpleNamespace:
 def provider(transport: str, writer_or_transport: Any) -> None:
     sock = writer_or_transport.get_extra_info("socket")
     if transport == "rsock":
-        assert sock.provider == "shm"
+        assert sock.provider == FAST_PROVIDER
 
 
 async def echo_handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
