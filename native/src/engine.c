@@ -739,6 +739,19 @@ static void eng_check_live(rsk_sock *s)
 	}
 	/* gone: take in whatever it wrote before dying, then stop watching */
 	eng_progress(s);
+	if (!(s->flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN) {
+		/* A completion may lag behind the hang-up (an HCA's does; the
+		 * liveness channel is another path): give a FIN that is on its
+		 * way a short grace before calling this a reset. */
+		int64_t until = eng_now_ns() + LIVE_GRACE_NS;
+
+		while (!(s->flags & (F_PEER_FIN | F_DEAD)) &&
+		       eng_now_ns() < until) {
+			nanosleep(&(struct timespec){ .tv_nsec = 1000000 },
+				  NULL);
+			eng_progress(s);
+		}
+	}
 	s->flags |= F_PEER_GONE;
 	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
 	if (n > 0 && cm_read_reject(s->live_fd, why, sizeof(why)) == 0)

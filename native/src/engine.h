@@ -41,6 +41,11 @@ _Static_assert(sizeof(struct eng_ctrl) == 16, "ctrl slot is 16 bytes");
  * rsockets' half, and a sleep costs a cross-core wake-up) */
 #define CREDIT_BYTES_SHIFT 2
 
+/* After the peer's liveness channel hangs up without a FIN seen, keep
+ * reaping completions this long before reporting a reset (a FIN's
+ * completion may lag behind the hang-up). */
+#define LIVE_GRACE_NS 100000000ll
+
 /* Largest single data message (the receiver can consume the head of a
  * large send while its tail is still being written). */
 #define ENG_MAX_MSG (256u * 1024)
