@@ -33,6 +33,7 @@ fi
 # host side: the guest runs what the host built (same Debian userland)
 log "building on the host"
 make -s -C native build/rel/test_verbs
+mkdir -p build
 cc -O2 -Wall -Wextra -Werror -o build/rs_peer rdma/rs_peer.c -lrdmacm
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/*.json "$OUT"/*.txt
