@@ -986,8 +986,8 @@ static int vd_parse(const void *pd, size_t len, struct vconn_data *d,
 	}
 	if (((const uint8_t *)pd)[0] == VD_RSOCKETS) {
 		snprintf(detail, dlen,
-			 "verbs: the peer speaks librdmacm's rsockets protocol "
-			 "(version 1), which rsock does not speak yet");
+			 "verbs: rsockets connection data (version 1) where "
+			 "rsock's was expected");
 		return -EPROTONOSUPPORT;
 	}
 	if (len < sizeof(*d)) {
