@@ -42,8 +42,10 @@ rstream_run() { # label, extra -T options..., then -- and the size args
 	printf '%-28s %s\n' "tcp(rstream) 64B latency" "$(rstream_run tcp-lat s b -- -S 64 -C 1 -I 2000)"
 	echo
 	echo "## python -m rsock.bench (RSOCK_PROVIDER=${RSOCK_PROVIDER:-shm}), sync API"
-	RSOCK_SPIN_US=0 timeout 900 python3 -m rsock.bench --transport rsock,tcp --api sync \
-		--tests stream,pingpong --sizes 64K --reps 3 --rep-time 1 --warmup-bytes 4M \
+	# default (adaptive) completion mode: spin 50 us, then sleep; rstream's
+	# blocking mode polls rsockets' default 10 us before it blocks
+	timeout 900 python3 -m rsock.bench --transport rsock,tcp --api sync --mode adaptive \
+		--tests stream,pingpong --sizes 64K,1M --reps 3 --rep-time 1 --warmup-bytes 4M \
 		--rounds 2000 --warmup-rounds 100 --pin none --timeout 300 \
 		--json "$OUT/rsock-bench.json" 2>"$OUT/rsock-bench.err" || echo "rsock.bench failed: $(tail -n 5 "$OUT/rsock-bench.err")"
 } | tee "$OUT/bench.txt"
