@@ -41,6 +41,10 @@ rstream_run() { # label, extra -T options..., then -- and the size args
 	printf '%-28s %s\n' "rsockets 64B latency" "$(rstream_run rs-lat b -- -S 64 -C 1 -I 2000)"
 	printf '%-28s %s\n' "tcp(rstream) 64B latency" "$(rstream_run tcp-lat s b -- -S 64 -C 1 -I 2000)"
 	echo
+	echo "## the engine alone over verbs (native/tests/engine_bench.c: C, no Python; default spin)"
+	RSOCK_BENCH_VERBS="$ADDR" RSOCK_BENCH_TOTAL=$((64 << 20)) RSOCK_BENCH_ITERS=2000 \
+		timeout 300 ./native/build/rel/engine_bench none 65536 2>&1 || echo "engine_bench failed"
+	echo
 	echo "## python -m rsock.bench (RSOCK_PROVIDER=${RSOCK_PROVIDER:-shm}), sync API"
 	# default (adaptive) completion mode: spin 50 us, then sleep; rstream's
 	# blocking mode polls rsockets' default 10 us before it blocks

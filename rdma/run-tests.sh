@@ -32,7 +32,7 @@ fi
 
 # host side: the guest runs what the host built (same Debian userland)
 log "building on the host"
-make -s -C native build/rel/test_verbs
+make -s -C native build/rel/test_verbs build/rel/engine_bench
 mkdir -p build
 cc -O2 -Wall -Wextra -Werror -o build/rs_peer rdma/rs_peer.c -lrdmacm
 mkdir -p "$OUT"
