@@ -1637,9 +1637,16 @@ out:
 	return rc;
 }
 
-int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
-		const struct rsk_addr *src, const struct rsk_addr *dst,
-		int timeout_ms)
+/* What to dial: the local CM's rendezvous name, or (name NULL) rdma_cm. */
+struct eng_dial {
+	const char *name;
+	size_t namelen;
+	const struct rsk_addr *src, *dst;
+	int flags; /* verbs: RSK_VF_* */
+	int timeout_ms;
+};
+
+static int eng_connect(rsk_sock *s, const struct eng_dial *d)
 {
 	struct cm_result res;
 	struct rsk_opts o;
@@ -1657,8 +1664,14 @@ int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
 	/* the handshake runs unlocked: close() may interrupt it */
 	s->detail[0] = 0;
 	pthread_mutex_unlock(&s->lock);
-	rc = cm_connect(name, namelen, &o, src, dst, timeout_ms, &res,
-			s->detail, sizeof(s->detail));
+	if (d->name)
+		rc = cm_connect(d->name, d->namelen, &o, d->src, d->dst,
+				d->timeout_ms, &res, s->detail,
+				sizeof(s->detail));
+	else
+		rc = cm_verbs_connect(&o, d->src, d->dst, d->flags,
+				      d->timeout_ms, &res, s->detail,
+				      sizeof(s->detail));
 	pthread_mutex_lock(&s->lock);
 	if (rc)
 		goto out;
@@ -1673,6 +1686,18 @@ int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
 out:
 	eng_leave(s);
 	return rc;
+}
+
+int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
+		const struct rsk_addr *src, const struct rsk_addr *dst,
+		int timeout_ms)
+{
+	struct eng_dial d = { .name = name, .namelen = namelen, .src = src,
+			      .dst = dst, .timeout_ms = timeout_ms };
+
+	if (!name)
+		return -EINVAL;
+	return eng_connect(s, &d);
 }
 
 /* ------------------------------------------------------ verbs provider */
@@ -1722,37 +1747,10 @@ out:
 int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
 		      const struct rsk_addr *dst, int flags, int timeout_ms)
 {
-	struct cm_result res;
-	struct rsk_opts o;
-	int rc;
+	struct eng_dial d = { .src = src, .dst = dst, .flags = flags,
+			      .timeout_ms = timeout_ms };
 
-	if ((rc = eng_enter(s)))
-		return rc;
-	if (s->kind == K_CONN)
-		rc = -EISCONN;
-	else if (s->kind == K_LISTEN)
-		rc = -EINVAL;
-	if (rc)
-		goto out;
-	o = s->opts;
-	s->detail[0] = 0;
-	pthread_mutex_unlock(&s->lock);
-	rc = cm_verbs_connect(&o, src, dst, flags, timeout_ms, &res, s->detail,
-			      sizeof(s->detail));
-	pthread_mutex_lock(&s->lock);
-	if (rc)
-		goto out;
-	if (s->closed) {
-		cm_result_release(&res);
-		rc = -EBADF;
-		goto out;
-	}
-	rc = eng_attach(s, &res);
-	if (rc)
-		cm_result_release(&res);
-out:
-	eng_leave(s);
-	return rc;
+	return eng_connect(s, &d);
 }
 
 int rsk_addrs(rsk_sock *s, struct rsk_addr *local, struct rsk_addr *peer)
