@@ -226,6 +226,47 @@ def _is_local(family: int, host: str) -> tuple[bool, str]:
     return ip.is_loopback or src == host, src
 
 
+def make_file(
+    sock: Any,
+    mode: str,
+    buffering: int | None,
+    encoding: str | None,
+    errors: str | None,
+    newline: str | None,
+) -> Any:
+    """``socket.makefile`` for a socket-like object with ``_io_refs``: the
+    stdlib's own ``SocketIO`` and buffered layers (shared by rsock.socket and
+    rsock.SSLSocket)."""
+    if not set(mode) <= {"r", "w", "b"}:
+        raise ValueError(f"invalid mode {mode!r} (only r, w, b allowed)")
+    writing = "w" in mode
+    reading = "r" in mode or not writing
+    binary = "b" in mode
+    rawmode = ("r" if reading else "") + ("w" if writing else "")
+    raw = _std.SocketIO(cast(Any, sock), cast(Any, rawmode))
+    sock._io_refs += 1
+    if buffering is None:
+        buffering = -1
+    if buffering < 0:
+        buffering = io.DEFAULT_BUFFER_SIZE
+    if buffering == 0:
+        if not binary:
+            raise ValueError("unbuffered streams must be binary")
+        return raw
+    buffer: Any
+    if reading and writing:
+        buffer = io.BufferedRWPair(raw, raw, buffering)
+    elif reading:
+        buffer = io.BufferedReader(raw, buffering)
+    else:
+        buffer = io.BufferedWriter(raw, buffering)
+    if binary:
+        return buffer
+    text = io.TextIOWrapper(buffer, io.text_encoding(encoding), errors, newline)
+    text.mode = mode  # type: ignore[misc]
+    return text
+
+
 _verbs_state: tuple[int, str] | None = None
 
 
@@ -577,38 +618,7 @@ class socket:
         """``socket.makefile``: the stdlib's own ``SocketIO`` and buffered
         layers over this socket; closing the socket is deferred until the
         files are closed too."""
-        if not set(mode) <= {"r", "w", "b"}:
-            raise ValueError(f"invalid mode {mode!r} (only r, w, b allowed)")
-        writing = "w" in mode
-        reading = "r" in mode or not writing
-        binary = "b" in mode
-        rawmode = ""
-        if reading:
-            rawmode += "r"
-        if writing:
-            rawmode += "w"
-        raw = _std.SocketIO(cast(Any, self), cast(Any, rawmode))
-        self._io_refs += 1
-        if buffering is None:
-            buffering = -1
-        if buffering < 0:
-            buffering = io.DEFAULT_BUFFER_SIZE
-        if buffering == 0:
-            if not binary:
-                raise ValueError("unbuffered streams must be binary")
-            return raw
-        buffer: Any
-        if reading and writing:
-            buffer = io.BufferedRWPair(raw, raw, buffering)
-        elif reading:
-            buffer = io.BufferedReader(raw, buffering)
-        else:
-            buffer = io.BufferedWriter(raw, buffering)
-        if binary:
-            return buffer
-        text = io.TextIOWrapper(buffer, io.text_encoding(encoding), errors, newline)
-        text.mode = mode  # type: ignore[misc]
-        return text
+        return make_file(self, mode, buffering, encoding, errors, newline)
 
     # ------------------------------------------------------------ timeouts
 

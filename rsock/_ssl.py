@@ -980,34 +980,7 @@ class SSLSocket:
     ) -> Any:
         """``socket.makefile``: the stdlib's ``SocketIO`` and buffered layers
         over this socket (the plaintext); closing the socket waits for them."""
-        if not set(mode) <= {"r", "w", "b"}:
-            raise ValueError(f"invalid mode {mode!r} (only r, w, b allowed)")
-        writing = "w" in mode
-        reading = "r" in mode or not writing
-        binary = "b" in mode
-        rawmode = ("r" if reading else "") + ("w" if writing else "")
-        raw = _std.SocketIO(cast(Any, self), cast(Any, rawmode))
-        self._io_refs += 1
-        if buffering is None:
-            buffering = -1
-        if buffering < 0:
-            buffering = io.DEFAULT_BUFFER_SIZE
-        if buffering == 0:
-            if not binary:
-                raise ValueError("unbuffered streams must be binary")
-            return raw
-        buffer: Any
-        if reading and writing:
-            buffer = io.BufferedRWPair(raw, raw, buffering)
-        elif reading:
-            buffer = io.BufferedReader(raw, buffering)
-        else:
-            buffer = io.BufferedWriter(raw, buffering)
-        if binary:
-            return buffer
-        text = io.TextIOWrapper(buffer, io.text_encoding(encoding), errors, newline)
-        text.mode = mode  # type: ignore[misc]
-        return text
+        return _rs.make_file(self, mode, buffering, encoding, errors, newline)
 
     def _decref_socketios(self) -> None:
         # called by socket.SocketIO.close()
