@@ -89,8 +89,16 @@ def fileno(h: Handle) -> int:
     return int(lib.rsk_fileno(h.ptr))
 
 
-def set_watch(h: Handle, on: bool) -> int:
-    return int(lib.rsk_set_watch(h.ptr, 1 if on else 0))
+WATCH_NOTIFY: int = lib.RSK_WATCH_NOTIFY
+WATCH_FD: int = lib.RSK_WATCH_FD
+
+
+def set_watch(h: Handle, mask: int) -> int:
+    """What stays exact between calls: WATCH_FD (``fileno()`` polls like a
+    TCP socket, through the engine's watcher thread) and/or WATCH_NOTIFY
+    (the notify fd is readable while the socket is ready for the events of
+    ``set_interest``: what an event loop watches)."""
+    return int(lib.rsk_set_watch(h.ptr, mask))
 
 
 def default_opts() -> Opts:

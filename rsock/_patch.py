@@ -26,9 +26,10 @@ Sockets rsock itself creates (the kernel socket that reserves an address, the
 oracle side of ``rsock.bench``) are never dispatched: calls whose caller is
 a module of the ``rsock`` package get the stdlib class.
 
-asyncio: an rsock socket's ``fileno()`` is an epoll fd that reports
-readability only, so the loops' own TCP transports (and ``sock_connect``,
-``sock_sendall``, which wait for writability) cannot drive it.  While patched,
+asyncio: an rsock socket's ``fileno()`` is not a kernel TCP socket (uvloop
+hands it to libuv as one), and it is exact only through the engine's watcher
+thread (a wake-up more per event), so the loops' own TCP transports (and
+``sock_connect``, ``sock_sendall``) are not used on it.  While patched,
 the event loop methods that would build such a transport go through
 :mod:`rsock.asyncio` instead (see ``_LOOP_METHODS``): ``create_connection``
 and ``create_server`` for TCP (host/port, or ``sock=`` an rsock socket;
@@ -687,7 +688,8 @@ def _send_some(sock: _rs.socket, view: memoryview, pos: int) -> int:
 
 async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
     """``loop.sock_sendall`` for an rsock socket.  The loops wait for the
-    fd to poll writable, which rsock's never does; instead the engine is
+    fd to poll writable, which would take a wake-up of the engine's
+    watcher thread each time; instead the engine is
     asked to make its notify fd readable while a send would not block
     (interest POLLOUT, as rsock.asyncio's transport does), and that fd is
     watched with a reader, with the liveness fd for a vanished peer.
@@ -702,7 +704,7 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
     pos = _send_some(sock, view, 0)
     if pos == len(view):
         return
-    sock.fileno()  # watch mode: the notify fd's readiness is exact
+    sock._watch(_ll.WATCH_NOTIFY)  # the notify fd's readiness is exact
     h = sock._h
     if h is None:
         raise OSError(_errno.EBADF, "Bad file descriptor")

@@ -364,7 +364,7 @@ class _Core:
         self.bound = False
         self.peer: tuple[Any, ...] | None = None
         self.local: tuple[Any, ...] | None = None
-        self.watch = False
+        self.watch = 0  # _ll.WATCH_* bits turned on
         self.detail = ""
         self.so_error = 0  # a non-blocking connect's outcome, read by SO_ERROR
         self.nb = 0  # _NB_*: a non-blocking connect reported EINPROGRESS
@@ -502,18 +502,24 @@ class socket:
         return _ll.oserror(rc, _ll.detail(h) if h is not None and reset else "")
 
     def fileno(self) -> int:
-        """A real pollable fd (an epoll fd over the engine's notification
-        and liveness fds): readable when data, EOF, an error or a pending
-        connection is there.  -1 once closed, like the stdlib.  A ``dup()``
-        shares it."""
+        """A real pollable fd.  A connection's polls as a TCP socket's
+        would: readable when data, EOF or an error is there, writable while
+        a send would not block (kept exact from the first call on).  A
+        listener's is readable while a connection is pending.  -1 once
+        closed, like the stdlib.  A ``dup()`` shares it."""
         h = self._h
         if h is None:
             return -1
-        core = self._core
-        if not core.watch:
-            core.watch = True
-            _ll.set_watch(h, True)
+        self._watch(_ll.WATCH_FD)
         return _ll.fileno(h)
+
+    def _watch(self, mask: int) -> None:
+        """Turn on the engine's exact readiness (``_ll.WATCH_*``)."""
+        h = self._h
+        core = self._core
+        if h is not None and core.watch & mask != mask:
+            core.watch |= mask
+            _ll.set_watch(h, core.watch)
 
     def get_inheritable(self) -> bool:
         """Whether the pollable fd is inherited by child processes (it is

@@ -84,12 +84,13 @@ class RsockTransport(asyncio.Transport):
         self._server = server
         sock.setblocking(False)
         _loop_spin(sock)
-        self._fd = sock.fileno()  # turns on the engine's exact readiness
+        # the engine keeps its notify fd readable exactly while we are
+        # ready: the loop watches it and the liveness fd (no thread)
+        sock._watch(_ll.WATCH_NOTIFY)
         h = sock._h
         assert h is not None
         self._h = h
-        # watch the two fds behind fileno() directly: one epoll level less
-        # on every wake-up
+        self._fd = _ll.fileno(h)
         self._nfd, self._lfd = _ll.notify_fds(h)
         try:
             self._info["peername"] = sock.getpeername()

@@ -3,6 +3,10 @@ socket has, level-triggered, on both transports (stdlib TCP is the oracle).
 
 Readability is checked for data, EOF, a vanished peer and a pending
 connection; a socket whose data was consumed stops being readable.
+Writability: a connected socket is writable, stops being writable when a
+send would block, turns writable again when the peer reads (with nothing
+done on the writer's side), and a socket reported writable takes bytes
+without blocking.
 """
 
 from __future__ import annotations
@@ -51,6 +55,55 @@ CHECKS: dict[str, Callable[[Any, float], bool]] = {
     "epoll": readable_epoll,
     "selectors": readable_selector,
 }
+
+
+def writable_select(sock: Any, timeout: float) -> bool:
+    _, w, _ = select.select([], [sock], [], timeout)
+    return bool(w)
+
+
+def writable_poll(sock: Any, timeout: float) -> bool:
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLOUT)
+    return bool(p.poll(timeout * 1000))
+
+
+def writable_epoll(sock: Any, timeout: float) -> bool:
+    with select.epoll() as ep:
+        ep.register(sock.fileno(), select.EPOLLOUT)
+        return bool(ep.poll(timeout))
+
+
+def writable_selector(sock: Any, timeout: float) -> bool:
+    with selectors.DefaultSelector() as sel:
+        sel.register(sock, selectors.EVENT_WRITE)
+        return bool(sel.select(timeout))
+
+
+WCHECKS: dict[str, Callable[[Any, float], bool]] = {
+    "select": writable_select,
+    "poll": writable_poll,
+    "epoll": writable_epoll,
+    "selectors": writable_selector,
+}
+
+
+@pytest.fixture(params=sorted(WCHECKS))
+def writable(request: pytest.FixtureRequest) -> Callable[[Any, float], bool]:
+    return WCHECKS[request.param]
+
+
+def fill(sock: Any, limit: int = 256 << 20) -> int:
+    """Non-blocking sends until one would block; the bytes taken."""
+    sock.setblocking(False)
+    chunk = b"w" * 65536
+    sent = 0
+    while sent < limit:
+        try:
+            sent += sock.send(chunk)
+        except BlockingIOError:
+            return sent
+    raise AssertionError(f"{limit} bytes taken without blocking")
 
 
 @pytest.fixture(params=sorted(CHECKS))
@@ -141,6 +194,23 @@ def test_readable_when_peer_killed(
             pass
 
 
+def test_writable_when_peer_killed(
+    sockmod: ModuleType, transport: str, peers: Peers, writable: Readable
+) -> None:
+    """A send to a vanished peer does not block (it fails), so the socket
+    polls writable, even one whose send side was full."""
+    from test_socket_behaviour import connect_to_holding_peer
+
+    sock, peer = connect_to_holding_peer(sockmod, transport, peers, "server")
+    with sock:
+        fill(sock)
+        assert not writable(sock, 0.05)
+        peer.kill()
+        t0 = time.monotonic()
+        assert writable(sock, 5.0)
+        assert time.monotonic() - t0 < 1.5
+
+
 def test_nonblocking_recv_after_select(pair: Pair) -> None:
     """The select-then-recv loop of a non-blocking server moves every byte."""
     client, server = pair
@@ -188,3 +258,69 @@ def test_many_sockets_in_one_selector(sockmod: ModuleType, transport: str) -> No
         for c, s in pairs:
             c.close()
             s.close()
+
+
+def test_writable_when_connected(pair: Pair, writable: Readable) -> None:
+    client, server = pair
+    assert writable(client, 5.0)
+    assert writable(server, 5.0)
+
+
+def test_not_writable_when_full_then_woken_by_reader(
+    pair: Pair, writable: Readable
+) -> None:
+    """The writer waits in the poll call; the peer's reading (nothing on the
+    writer's side) wakes it, and the send that follows takes bytes."""
+    client, server = pair
+    sent = fill(client)
+    assert not writable(client, 0.05)
+    import threading
+
+    def drain() -> None:
+        recv_exact(server, sent)
+
+    t = threading.Timer(0.1, drain)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        assert writable(client, 10.0)
+        assert time.monotonic() - t0 < 9.0
+        assert client.send(b"x" * 65536) > 0
+    finally:
+        t.join(20)
+        assert not t.is_alive()
+
+
+def test_writable_means_a_send_does_not_block(pair: Pair) -> None:
+    """A non-blocking writer that sends only when select says writable never
+    sees BlockingIOError on its first send after select, and every byte
+    arrives in order (1 MiB through a reader that takes its time)."""
+    client, server = pair
+    client.setblocking(False)
+    payload = bytes(range(256)) * 4096
+    import threading
+
+    got = bytearray()
+
+    def reader() -> None:
+        while len(got) < len(payload):
+            chunk = server.recv(8192)
+            if not chunk:
+                return
+            got.extend(chunk)
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    pos = 0
+    deadline = time.monotonic() + 60
+    try:
+        while pos < len(payload) and time.monotonic() < deadline:
+            _, w, _ = select.select([], [client], [], 1.0)
+            if not w:
+                continue
+            pos += client.send(payload[pos:])  # never BlockingIOError
+    finally:
+        t.join(60)
+    assert pos == len(payload)
+    assert bytes(got) == payload

@@ -23,12 +23,6 @@ from compat_support import (
 CLIENTS = 4
 REQUEST_RESPONSE_BYTES = 480735  # the client's message sizes, 1 B .. 300 kB
 
-NO_WRITABILITY = (
-    "rsock's fileno() never reports writability (README, Differences): a selectors "
-    "server that waits for EVENT_WRITE with output pending is never woken"
-)
-
-
 def run_echo(transport: str, tmp_path: Path, *client_args: str) -> dict[str, int]:
     server_report = tmp_path / "server-report.json"
     client_report = tmp_path / "client-report.json"
@@ -66,16 +60,7 @@ def test_selectors_echo(transport: str, tmp_path: Path) -> None:
     assert result["bytes"] == CLIENTS * ((1 << 20) + REQUEST_RESPONSE_BYTES)
 
 
-@pytest.mark.parametrize(
-    "transport",
-    [
-        "tcp",
-        pytest.param(
-            "rsock",
-            marks=pytest.mark.xfail(reason=NO_WRITABILITY, raises=AssertionError, strict=False),
-        ),
-    ],
-)
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_selectors_echo_slow_reader(transport: str, tmp_path: Path) -> None:
     """16 MiB sent before anything is read: the server must buffer, wait for
     EVENT_WRITE, and finish the echo after its clients half-closed."""

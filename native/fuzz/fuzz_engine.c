@@ -390,7 +390,7 @@ static void step(struct conn *c, struct input *in)
 			FUZZ_CHECK(rsk_detail(v) != NULL, "rsk_detail");
 			break;
 		case 2:
-			FUZZ_CHECK(rsk_set_watch(v, in_u8(in) & 1) == 0, "watch");
+			FUZZ_CHECK(rsk_set_watch(v, in_u8(in) & 3) == 0, "watch");
 			break;
 		case 3:
 			FUZZ_CHECK(rsk_set_interest(v, in_u8(in) & 5) == 0,

@@ -99,23 +99,29 @@ int rsk_opts_check(struct rsk_opts *o);
 
 /* A new, unconnected endpoint with its pollable fd. */
 int rsk_socket(rsk_sock **out);
-/* The endpoint's pollable fd: readable when data, EOF, an error or a
- * pending connection is there (level-triggered once rsk_set_watch(s, 1)). */
+/* The endpoint's pollable fd, the same number for its whole life: a
+ * listener's is readable while a connection is pending; a connection's
+ * is exact as poll() of a TCP socket would be (readable: data, EOF or an
+ * error; writable: a send would not block) once RSK_WATCH_FD is on. */
 int rsk_fileno(rsk_sock *s);
-/* The fds behind rsk_fileno of a connection: the engine's notify fd
- * (readable exactly as rsk_fileno is, in watch mode, minus the peer's
- * death) and the liveness fd (readable/hang-up when the peer is gone).
- * An event loop may watch these two directly and save a nested epoll. */
+/* A connection's engine fds: the notify fd (see RSK_WATCH_NOTIFY) and the
+ * liveness fd (readable/hang-up when the peer is gone).  An event loop
+ * watches these two directly: no thread, no nested epoll. */
 int rsk_notify_fds(rsk_sock *s, int *notify_fd, int *live_fd);
 /* The liveness fd fired: take note of the peer's death (or its REJ). */
 int rsk_check_peer(rsk_sock *s);
-/* Keep the fd's readability exact after every call (costs a syscall or two
- * on state changes); off by default, turned on when the fd is handed out.
- * events (RSK_POLLIN, RSK_POLLOUT) says what makes the fd readable: with
- * RSK_POLLOUT it is also readable while a send would not block (the fd
- * itself never polls writable: it is an epoll fd), so an event loop can
- * wait for send space with a reader.  on = 0 turns watching off. */
-int rsk_set_watch(rsk_sock *s, int on);
+/* What stays exact between calls (a mask; 0 turns watching off):
+ * RSK_WATCH_FD: rsk_fileno of a connection polls readable while data, EOF
+ *   or an error is there and writable while a send would not block (a
+ *   process-wide thread follows the engine's notifications for it);
+ * RSK_WATCH_NOTIFY: the notify fd of rsk_notify_fds is readable exactly
+ *   while the socket is ready for the events of rsk_set_interest
+ *   (RSK_POLLIN, RSK_POLLOUT), so an event loop can watch it with a
+ *   reader, no thread involved.
+ * Each costs a syscall or two on readiness changes. */
+#define RSK_WATCH_NOTIFY 1
+#define RSK_WATCH_FD 2
+int rsk_set_watch(rsk_sock *s, int mask);
 int rsk_set_interest(rsk_sock *s, int events);
 int rsk_get_opts(rsk_sock *s, struct rsk_opts *o);
 int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o);

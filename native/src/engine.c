@@ -15,6 +15,7 @@
  *   - a thread sleeps only after arm -> re-poll found nothing.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -116,21 +117,36 @@ static unsigned eng_fork_pgen; /* bumped in a parent */
 static uint32_t eng_pid;
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 
+static void eng_watch_parent(void);
+static void eng_watch_child(void);
+
 static void eng_atfork_parent(void)
 {
 	eng_fork_pgen++;
+	eng_watch_parent();
 }
 
 static void eng_atfork_child(void)
 {
 	eng_fork_gen++;
 	eng_pid = (uint32_t)getpid();
+	eng_watch_child();
+}
+
+static void eng_watch_prefork(void);
+static void eng_watch_parent(void);
+static void eng_watch_child(void);
+
+static void eng_atfork_prepare(void)
+{
+	eng_watch_prefork();
 }
 
 static void eng_init_once(void)
 {
 	eng_pid = (uint32_t)getpid();
-	pthread_atfork(NULL, eng_atfork_parent, eng_atfork_child);
+	pthread_atfork(eng_atfork_prepare, eng_atfork_parent,
+		       eng_atfork_child);
 }
 
 /* Has this connection crossed a fork (in this process's view)? */
@@ -174,9 +190,12 @@ static int eng_claim(rsk_sock *s)
 	return o == want;
 }
 
+static void eng_fd_init(rsk_sock *s);
+
 int rsk_socket(rsk_sock **out)
 {
 	rsk_sock *s;
+	int fab[2];
 
 	pthread_once(&eng_once, eng_init_once);
 	s = calloc(1, sizeof(*s));
@@ -190,6 +209,18 @@ int rsk_socket(rsk_sock **out)
 		free(s);
 		return rc;
 	}
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
+		       fab) < 0) {
+		int rc = -errno;
+
+		close(s->epfd);
+		free(s);
+		return rc;
+	}
+	s->fa = fab[0];
+	s->fb = fab[1];
+	s->wslot = -1;
+	eng_fd_init(s);
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	s->live_fd = -1;
@@ -234,7 +265,7 @@ static void eng_leave(rsk_sock *s)
 
 int rsk_fileno(rsk_sock *s)
 {
-	return s->epfd;
+	return s->fa;
 }
 
 int rsk_notify_fds(rsk_sock *s, int *notify_fd, int *live_fd)
@@ -816,30 +847,323 @@ static int eng_fd_ready(const rsk_sock *s)
 	       (s->flags & (F_DEAD | F_PEER_GONE));
 }
 
+/* ------------------------------------------------------- fd readiness */
+
 /*
- * In watch mode the notify fd is kept readable exactly while the socket
- * is ready (eng_fd_ready): kick it when ready, otherwise drain it and arm,
- * then re-poll (arm -> re-poll, so a completion that raced the arm is not
+ * fileno() of a connection is fa, one end of a socketpair; only this
+ * struct holds the other end, fb.  fa polls readable while a token byte
+ * we wrote into fb sits in it, and writable while its send buffer has
+ * room (which we shrink while a send would block: below).  eng_sync_pair sets both from the
+ * engine's state at the end of every call; between calls a watcher thread
+ * (one per process, started with the first connection that needs it)
+ * wakes on the connection's notify and liveness fds, edge-triggered,
+ * takes in what happened and does the same.  Nothing polls: the engine is
+ * armed only while fa is not both readable and writable, so the thread
+ * sleeps until the peer sends data or returns credit, or vanishes.
+ *
+ * A listener needs no thread: its fa becomes a second fd of epfd (which
+ * holds the listening fds), readable while a connection is pending and
+ * never writable, like a TCP listener.
+ */
+
+/*
+ * Writability without writing: fa sends EN_FILLER bytes once, which stay
+ * queued at fb, charged to fa's send buffer; fa then polls writable with
+ * a large SO_SNDBUF and not with the smallest one (the kernel's test is
+ * 4 x charged <= sndbuf), and raising it wakes pollers.  fb then shuts its
+ * receive side, so a write into fa by the application (os.write,
+ * os.sendfile) fails with EPIPE instead of losing bytes.
+ */
+#define EN_FILLER 2048
+#define EN_SNDBUF_OPEN 65536 /* the kernel doubles it */
+#define EN_SNDBUF_SHUT 1     /* raised to its minimum (4608) */
+
+static int eng_fd_sndbuf(rsk_sock *s, int v)
+{
+	return setsockopt(s->fa, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+}
+
+static void eng_fd_init(rsk_sock *s)
+{
+	static const char filler[EN_FILLER];
+
+	eng_fd_sndbuf(s, EN_SNDBUF_OPEN);
+	send(s->fa, filler, sizeof(filler), MSG_DONTWAIT | MSG_NOSIGNAL);
+	shutdown(s->fb, SHUT_RD);
+}
+
+static void eng_sync_pair(rsk_sock *s)
+{
+	int r = eng_readable(s), w = eng_writable(s);
+
+	if (r && !s->tok) {
+		if (send(s->fb, "r", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
+			s->tok = 1;
+	} else if (!r && s->tok) {
+		char b[64];
+
+		while (recv(s->fa, b, sizeof(b), MSG_DONTWAIT) > 0)
+			;
+		s->tok = 0;
+	}
+	if (w == s->filled && !eng_fd_sndbuf(s, w ? EN_SNDBUF_OPEN
+						    : EN_SNDBUF_SHUT))
+		s->filled = !w;
+}
+
+/* The watcher: its epoll and a table of watched connections.  epoll data
+ * is (generation << 32 | slot << 1 | is_liveness_fd), so an event that
+ * was already fetched for a connection since gone is recognised.
+ * Lock order: a socket's lock, then eng_w.lock; the thread never holds
+ * eng_w.lock while it takes a socket's lock (`busy` keeps rsk_free from
+ * freeing the socket it works on meanwhile). */
+struct eng_wslot {
+	rsk_sock *s;
+	uint32_t gen;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int epfd; /* -1: no watcher in this process (yet) */
+	struct eng_wslot *slot;
+	uint32_t cap;
+	rsk_sock *busy;
+} eng_w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, -1, NULL,
+	    0, NULL };
+
+static void eng_sync_fd(rsk_sock *s);
+
+/* One event for s (s->lock held). */
+static void eng_watch_event(rsk_sock *s, int live)
+{
+	if (s->closed || s->released || s->kind != K_CONN ||
+	    !(s->watch & RSK_WATCH_FD))
+		return;
+	if (eng_forked(s) && !eng_claim(s))
+		return; /* another process drives it now */
+	eng_progress(s);
+	if (live)
+		eng_poll_live(s);
+	/* consume the notification, unless it is RSK_WATCH_NOTIFY's kick
+	 * that must stay (or a sleeper in eng_wait owns the notify fd) */
+	if (!s->fd_waiter &&
+	    !(s->kicked && (s->watch & RSK_WATCH_NOTIFY) && eng_fd_ready(s))) {
+		s->ops->ack(s->qp);
+		s->kicked = 0;
+	}
+	eng_sync_fd(s);
+	pthread_cond_broadcast(&s->cond);
+}
+
+static void *eng_watcher(void *arg)
+{
+	struct epoll_event ev[64];
+	int epfd = (int)(intptr_t)arg, n, i;
+	sigset_t all;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	for (;;) {
+		n = epoll_wait(epfd, ev, 64, -1);
+		if (n < 0 && errno != EINTR)
+			return NULL; /* the epoll is gone (fork child) */
+		for (i = 0; i < n; i++) {
+			uint64_t d = ev[i].data.u64;
+			uint32_t idx = (uint32_t)d >> 1;
+			rsk_sock *s = NULL;
+
+			pthread_mutex_lock(&eng_w.lock);
+			if (eng_w.epfd == epfd && idx < eng_w.cap &&
+			    eng_w.slot[idx].gen == (uint32_t)(d >> 32))
+				s = eng_w.slot[idx].s;
+			eng_w.busy = s;
+			pthread_mutex_unlock(&eng_w.lock);
+			if (!s)
+				continue;
+			pthread_mutex_lock(&s->lock);
+			eng_watch_event(s, (int)(d & 1));
+			pthread_mutex_unlock(&s->lock);
+			pthread_mutex_lock(&eng_w.lock);
+			eng_w.busy = NULL;
+			pthread_cond_broadcast(&eng_w.cond);
+			pthread_mutex_unlock(&eng_w.lock);
+		}
+	}
+}
+
+static int eng_watch_fd(int op, int fd, uint32_t events, uint64_t data)
+{
+	struct epoll_event ev = { .events = events, .data.u64 = data };
+
+	return fd < 0 || epoll_ctl(eng_w.epfd, op, fd, &ev) == 0 ? 0 : -errno;
+}
+
+/* Registers s with the watcher (s->lock held); starts it if needed. */
+static int eng_watch_add(rsk_sock *s)
+{
+	uint32_t i;
+	uint64_t d;
+	int rc = 0;
+
+	pthread_mutex_lock(&eng_w.lock);
+	if (eng_w.epfd < 0) {
+		pthread_t t;
+		pthread_attr_t a;
+
+		eng_w.epfd = epoll_create1(EPOLL_CLOEXEC);
+		if (eng_w.epfd < 0) {
+			rc = -errno;
+			goto out;
+		}
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		pthread_attr_setstacksize(&a, 256 * 1024);
+		rc = -pthread_create(&t, &a, eng_watcher,
+				     (void *)(intptr_t)eng_w.epfd);
+		pthread_attr_destroy(&a);
+		if (rc) {
+			close(eng_w.epfd);
+			eng_w.epfd = -1;
+			goto out;
+		}
+	}
+	for (i = 0; i < eng_w.cap && eng_w.slot[i].s; i++)
+		;
+	if (i == eng_w.cap) {
+		uint32_t cap = eng_w.cap ? eng_w.cap * 2 : 64;
+		struct eng_wslot *n = realloc(eng_w.slot, cap * sizeof(*n));
+
+		if (!n) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		memset(n + eng_w.cap, 0, (cap - eng_w.cap) * sizeof(*n));
+		eng_w.slot = n;
+		eng_w.cap = cap;
+	}
+	d = (uint64_t)eng_w.slot[i].gen << 32 | (uint64_t)i << 1;
+	rc = eng_watch_fd(EPOLL_CTL_ADD, s->ops->notify_fd(s->qp),
+			  EPOLLIN | EPOLLET, d);
+	if (!rc && !(s->flags & F_PEER_GONE))
+		rc = eng_watch_fd(EPOLL_CTL_ADD, s->live_fd,
+				  EPOLLIN | EPOLLRDHUP | EPOLLET, d | 1);
+	if (rc) {
+		eng_watch_fd(EPOLL_CTL_DEL, s->ops->notify_fd(s->qp), 0, 0);
+		goto out;
+	}
+	eng_w.slot[i].s = s;
+	s->wslot = (int)i;
+out:
+	pthread_mutex_unlock(&eng_w.lock);
+	return rc;
+}
+
+/* Unregisters s (s->lock held, before its fds close). */
+static void eng_watch_del(rsk_sock *s)
+{
+	if (s->wslot < 0)
+		return;
+	pthread_mutex_lock(&eng_w.lock);
+	if (eng_w.epfd >= 0) {
+		eng_watch_fd(EPOLL_CTL_DEL, s->ops->notify_fd(s->qp), 0, 0);
+		eng_watch_fd(EPOLL_CTL_DEL, s->live_fd, 0, 0);
+	}
+	eng_w.slot[s->wslot].s = NULL;
+	eng_w.slot[s->wslot].gen++;
+	s->wslot = -1;
+	pthread_mutex_unlock(&eng_w.lock);
+}
+
+/* rsk_free: wait until the watcher is done with s. */
+static void eng_watch_forget(rsk_sock *s)
+{
+	pthread_mutex_lock(&eng_w.lock);
+	while (eng_w.busy == s)
+		pthread_cond_wait(&eng_w.cond, &eng_w.lock);
+	pthread_mutex_unlock(&eng_w.lock);
+}
+
+static void eng_watch_prefork(void)
+{
+	pthread_mutex_lock(&eng_w.lock);
+}
+
+static void eng_watch_parent(void)
+{
+	pthread_mutex_unlock(&eng_w.lock);
+}
+
+/* The child has no watcher: its connections register anew when used. */
+static void eng_watch_child(void)
+{
+	uint32_t i;
+
+	for (i = 0; i < eng_w.cap; i++) {
+		if (eng_w.slot[i].s)
+			eng_w.slot[i].s->wslot = -1;
+		eng_w.slot[i].s = NULL;
+		eng_w.slot[i].gen++;
+	}
+	if (eng_w.epfd >= 0)
+		close(eng_w.epfd);
+	eng_w.epfd = -1;
+	eng_w.busy = NULL;
+	pthread_mutex_init(&eng_w.lock, NULL);
+	pthread_cond_init(&eng_w.cond, NULL);
+}
+
+/* A listener's fa becomes epfd: readable while a connection waits. */
+static void eng_fd_listener(rsk_sock *s)
+{
+	if (dup3(s->epfd, s->fa, O_CLOEXEC) < 0)
+		return; /* fa stays a never-readable socket: accept still works */
+	close(s->fb);
+	s->fb = -1;
+}
+
+/* What the engine must wake us for. */
+static int eng_want_wake(const rsk_sock *s)
+{
+	if ((s->watch & RSK_WATCH_NOTIFY) && !eng_fd_ready(s))
+		return 1;
+	return (s->watch & RSK_WATCH_FD) &&
+	       !(eng_readable(s) && eng_writable(s)) &&
+	       !(s->flags & (F_DEAD | F_PEER_GONE));
+}
+
+/*
+ * Called at the end of every call and by the watcher: bring fa (for
+ * RSK_WATCH_FD) and the notify fd (for RSK_WATCH_NOTIFY: kicked exactly
+ * while eng_fd_ready) up to date, and arm if something must wake us, then
+ * re-poll (arm -> re-poll, so a completion that raced the arm is not
  * missed).  Send space comes back through completions (credit messages),
- * so arming also covers RSK_POLLOUT interest.
+ * so arming also covers writability.
  */
 static void eng_sync_fd(rsk_sock *s)
 {
-	if (!s->watch || s->kind != K_CONN || s->fd_waiter || s->released)
+	if (s->kind == K_LISTEN && s->fb >= 0)
+		eng_fd_listener(s);
+	if (!s->watch || s->kind != K_CONN || s->released)
 		return;
+	if ((s->watch & RSK_WATCH_FD) && s->wslot < 0 && eng_watch_add(s))
+		s->watch &= ~RSK_WATCH_FD; /* no thread: fa stays as it is */
 	for (;;) {
-		if (eng_fd_ready(s)) {
-			if (!s->kicked) {
-				s->ops->kick(s->qp);
-				s->kicked = 1;
+		if (s->watch & RSK_WATCH_FD)
+			eng_sync_pair(s);
+		if ((s->watch & RSK_WATCH_NOTIFY) && !s->fd_waiter) {
+			if (eng_fd_ready(s)) {
+				if (!s->kicked) {
+					s->ops->kick(s->qp);
+					s->kicked = 1;
+				}
+			} else if (s->kicked || !s->ops->armed(s->qp)) {
+				s->ops->ack(s->qp);
+				s->kicked = 0;
 			}
-			return;
 		}
-		if (s->kicked || !s->ops->armed(s->qp)) {
-			s->ops->ack(s->qp);
-			s->kicked = 0;
-		}
-		if (s->ops->armed(s->qp))
+		if (!eng_want_wake(s) || s->fd_waiter ||
+		    s->ops->armed(s->qp))
 			return;
 		s->ops->arm(s->qp);
 		s->st.arms++;
@@ -876,7 +1200,8 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			 * watch mode only when our notify fd cannot be what
 			 * made the fd readable (then it was the liveness
 			 * channel): no syscall on the common EAGAIN */
-			if ((!s->watch || eng_quiet(s)) && eng_poll_live(s) &&
+			if ((!(s->watch & RSK_WATCH_NOTIFY) || eng_quiet(s)) &&
+			    eng_poll_live(s) &&
 			    ready(s))
 				return 0;
 			return nb ? -EAGAIN : -ETIMEDOUT;
@@ -1328,10 +1653,14 @@ int rsk_set_watch(rsk_sock *s, int on)
 {
 	int rc;
 
+	if (on & ~(RSK_WATCH_NOTIFY | RSK_WATCH_FD))
+		return -EINVAL;
 	if ((rc = eng_enter(s)))
 		return rc;
-	s->watch = !!on;
-	eng_leave(s); /* syncs the fd */
+	if ((s->watch & RSK_WATCH_FD) && !(on & RSK_WATCH_FD))
+		eng_watch_del(s);
+	s->watch = on;
+	eng_leave(s); /* syncs the fds */
 	return 0;
 }
 
@@ -1789,6 +2118,7 @@ static void eng_release(rsk_sock *s)
 	if (s->released)
 		return;
 	s->released = 1;
+	eng_watch_del(s);
 	if (s->qp)
 		s->ops->destroy(s->qp);
 	s->qp = NULL;
@@ -1809,6 +2139,11 @@ static void eng_release(rsk_sock *s)
 	s->xfd = -1; /* not ours */
 	close(s->epfd);
 	s->epfd = -1;
+	close(s->fa);
+	s->fa = -1;
+	if (s->fb >= 0)
+		close(s->fb);
+	s->fb = -1;
 }
 
 int rsk_close(rsk_sock *s)
@@ -1860,6 +2195,7 @@ void rsk_free(rsk_sock *s)
 		return;
 	}
 	pthread_mutex_unlock(&s->lock);
+	eng_watch_forget(s);
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
 	free(s);

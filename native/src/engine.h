@@ -87,7 +87,7 @@ struct rsk_sock {
 	int closed;   /* rsk_close called: new calls get -EBADF */
 	int released; /* rings and fds gone */
 	int fd_waiter;
-	int watch;
+	int watch;    /* RSK_WATCH_NOTIFY | RSK_WATCH_FD */
 	int interest; /* RSK_POLLIN/RSK_POLLOUT that make the fd readable */
 	int kicked; /* we made our own notify fd readable */
 	unsigned fork_gen;  /* eng_fork_gen/eng_fork_pgen when connected: a */
@@ -141,6 +141,18 @@ struct rsk_sock {
 	uint32_t sq_out;
 
 	struct rsk_stats st;
+
+	/* fileno(): fa, one end of a socketpair whose other end (fb) only
+	 * this struct holds.  fa polls readable while a token byte sits in
+	 * it, writable while its send buffer has room (shrunk while a send
+	 * would block; RSK_WATCH_FD, see "fd readiness" in engine.c).  A
+	 * listener's fa is a second fd of epfd and fb is -1. */
+	int fa, fb;
+	int tok;    /* a token sits in fa */
+	int filled; /* fa's send buffer is shrunk: not writable */
+	int wslot;  /* our slot in the watcher thread's table, -1 if none
+		     * (taken and dropped under s->lock; the table's own lock
+		     * comes after it) */
 
 	/* rsockets personality (librdmacm's stream protocol, verbs only; see
 	 * PROTOCOL.md section 9): set when the peer speaks it */

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -528,11 +529,13 @@ static void t_watch_fd(void)
 	char buf[8];
 
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
-	CHECK_EQ(rsk_set_watch(a, 1), 0);
+	CHECK_EQ(rsk_set_watch(a, RSK_WATCH_FD), 0);
 	pfd = (struct pollfd){ .fd = rsk_fileno(a), .events = POLLIN };
 	CHECK_EQ(poll(&pfd, 1, 0), 0);
+	/* the watcher thread makes it readable: no call of ours between */
 	CHECK_EQ(rsk_send(b, "12345678", 8, 0, -1), 8);
 	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	CHECK_EQ(pfd.revents, POLLIN);
 	/* level-triggered: still readable until drained */
 	CHECK_EQ(rsk_recv(a, buf, 4, 0, -1), 4);
 	CHECK_EQ(poll(&pfd, 1, 0), 1);
@@ -545,8 +548,10 @@ static void t_watch_fd(void)
 	rsk_free(b);
 }
 
-/* Interest in POLLOUT: the fd turns readable when send space comes back. */
-static void t_watch_write_interest(void)
+/* fileno() polls writable exactly while a send would not block, and the
+ * reader's consumption (credits coming back) makes it writable again
+ * with no call on the writer's side. */
+static void t_watch_fd_writable(void)
 {
 	struct rsk_opts o = opts(4096, 32);
 	static char data[8192], buf[8192];
@@ -554,9 +559,45 @@ static void t_watch_write_interest(void)
 	rsk_sock *a, *b;
 
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
-	CHECK_EQ(rsk_set_watch(b, 1), 0);
+	CHECK_EQ(rsk_set_watch(b, RSK_WATCH_FD), 0);
+	pfd = (struct pollfd){ .fd = rsk_fileno(b), .events = POLLIN | POLLOUT };
+	CHECK_EQ(poll(&pfd, 1, 0), 1);
+	CHECK_EQ(pfd.revents, POLLOUT);
+	/* the application cannot write into it: no bytes lost there */
+	signal(SIGPIPE, SIG_IGN);
+	CHECK_EQ(write(rsk_fileno(b), "x", 1), -1);
+	CHECK_EQ(errno, EPIPE);
+	CHECK_EQ(rsk_send(b, data, sizeof(data), 0, 0), 4096);
+	CHECK_EQ(poll(&pfd, 1, 50), 0); /* ring full, nothing to read */
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 1000), 4096);
+	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	CHECK_EQ(pfd.revents, POLLOUT);
+	CHECK(rsk_send(b, data, sizeof(data), 0, 0) > 0);
+	/* the peer's close: readable (EOF) and writable (the send fails) */
+	rsk_close(a);
+	pfd.revents = 0;
+	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	CHECK_EQ(pfd.revents, POLLIN | POLLOUT);
+	CHECK_EQ(rsk_set_watch(b, 4), -EINVAL);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* RSK_WATCH_NOTIFY with interest in POLLOUT: the notify fd turns readable
+ * when send space comes back (no thread: what an event loop watches). */
+static void t_watch_write_interest(void)
+{
+	struct rsk_opts o = opts(4096, 32);
+	static char data[8192], buf[8192];
+	struct pollfd pfd;
+	rsk_sock *a, *b;
+	int nfd, lfd;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_set_watch(b, RSK_WATCH_NOTIFY), 0);
 	CHECK_EQ(rsk_set_interest(b, RSK_POLLIN | RSK_POLLOUT), 0);
-	pfd = (struct pollfd){ .fd = rsk_fileno(b), .events = POLLIN };
+	CHECK_EQ(rsk_notify_fds(b, &nfd, &lfd), 0);
+	pfd = (struct pollfd){ .fd = nfd, .events = POLLIN };
 	CHECK_EQ(poll(&pfd, 1, 0), 1); /* writable */
 	CHECK_EQ(rsk_send(b, data, sizeof(data), 0, 0), 4096);
 	CHECK_EQ(poll(&pfd, 1, 0), 0); /* ring full, nothing to read */
@@ -758,6 +799,7 @@ int main(void)
 	RUN(t_remote_access_error);
 	RUN(t_random_hostile_peer);
 	RUN(t_watch_fd);
+	RUN(t_watch_fd_writable);
 	RUN(t_watch_write_interest);
 	RUN(t_fork_child_serves);
 	RUN(t_fork_creator_keeps);

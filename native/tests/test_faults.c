@@ -204,7 +204,7 @@ static void delayed(void)
 	CHECK(!memcmp(buf, "late", 4));
 	CHECK(a->st.sleeps > 0);
 	/* watch mode: the fd turns readable when the delay is over */
-	CHECK_EQ(rsk_set_watch(a, 1), 0);
+	CHECK_EQ(rsk_set_watch(a, RSK_WATCH_FD), 0);
 	CHECK_EQ(rsk_send(b, "more", 4, 0, 0), 4);
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 0), -EAGAIN);
 	{
