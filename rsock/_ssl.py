@@ -340,7 +340,8 @@ class SSLSocket:
 
     def fileno(self) -> int:
         """The rsock socket's pollable fd (readable when ciphertext, EOF or an
-        error is there; never writable, see the README), -1 once closed."""
+        error is there; writable while the connection takes bytes), -1 once
+        closed."""
         sock = self._sock
         return -1 if sock is None else sock.fileno()
 

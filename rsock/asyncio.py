@@ -2,11 +2,12 @@
 
 uvloop's ``create_server(sock=...)``/``create_connection(sock=...)`` hand
 ``sock.fileno()`` to libuv as a kernel socket, so rsock brings its own
-Transport.  It is driven only by ``loop.add_reader`` on the socket's
-pollable fd (an epoll fd that the engine keeps readable exactly while the
-socket is ready: "interest" IN for data/EOF/errors, OUT while we have
-bytes queued and wait for send space), which works the same on asyncio and
-uvloop.  The engine arms its notification and re-polls before the fd can
+Transport.  It is driven only by ``loop.add_reader`` on the engine's notify
+fd (which the engine keeps readable exactly while the socket is ready:
+"interest" IN for data/EOF/errors, OUT while we have bytes queued and wait
+for send space; RSK_WATCH_NOTIFY) and on the liveness fd, which works the
+same on asyncio and uvloop and needs no thread (``fileno()`` would: it is
+kept exact by the engine's watcher thread).  The engine arms its notification and re-polls before the fd can
 look idle, so the loop may sleep on it safely; the loop thread never spins
 (the socket's spin time is set to 0 unless ``RSOCK_SPIN_US`` says
 otherwise).

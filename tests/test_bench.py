@@ -479,3 +479,26 @@ def test_options_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in (["--idle-conns", "0"], ["--idle-time", "0"], ["--ping-sizes", ","]):
         with pytest.raises(SystemExit):
             rb.parse_options(["--pin", "none", *bad])
+
+
+def test_sampled_check_sees_what_it_samples() -> None:
+    """The server's sampled check (head, tail, one byte in STRIDE at a phase
+    that moves per message) passes the right messages, in any window, and
+    fails a message with one wrong byte at a sampled offset or a message of
+    the wrong window."""
+    sys.path.insert(0, str(ROOT))
+    from rsock.bench._worker import NWIN, STRIDE, StreamChecker
+
+    size = 65536
+    chk = StreamChecker(size)
+    chk.begin(0, 3 * NWIN)
+    for seq in range(3 * NWIN):
+        good = bytearray(chk.wins[seq % NWIN])
+        bad = bytearray(good)
+        off = [0, size - 1, seq % STRIDE + STRIDE * (seq % (size // STRIDE))][seq % 3]
+        bad[off] ^= 0x40
+        wrong = bytearray(chk.wins[(seq + 1) % NWIN])
+        for buf, ok in ((good, True), (bad, False), (wrong, False)):
+            chk.seq, chk.nbad = seq, 0
+            chk.check(buf, memoryview(buf))
+            assert chk.nbad == (0 if ok else 1), (seq, ok, off)
