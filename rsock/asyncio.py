@@ -7,8 +7,9 @@ fd (which the engine keeps readable exactly while the socket is ready:
 "interest" IN for data/EOF/errors, OUT while we have bytes queued and wait
 for send space; RSK_WATCH_NOTIFY) and on the liveness fd, which works the
 same on asyncio and uvloop and needs no thread (``fileno()`` would: it is
-kept exact by the engine's watcher thread).  The engine arms its notification and re-polls before the fd can
-look idle, so the loop may sleep on it safely; the loop thread never spins
+kept exact by the engine's watcher thread).  The engine arms its
+notification and re-polls before the fd can look idle, so the loop may
+sleep on it safely; the loop thread never spins
 (the socket's spin time is set to 0 unless ``RSOCK_SPIN_US`` says
 otherwise).
 
