@@ -41,6 +41,7 @@ from rsock import _lowlevel as _ll
 _raw_send = _ll.raw_send
 _raw_recv = _ll.raw_recv
 _raw_from_buffer = _ll.raw_from_buffer
+_CHARS = _ll.CHARS
 _release = _ll.release
 
 __all__ = [
@@ -1138,15 +1139,20 @@ class socket:
     def send(self, data: Buffer, flags: int = 0, /) -> int:
         h = self._h
         if h is not None and self._timeout is None and not flags:
-            try:
-                cbuf = _raw_from_buffer(data)
-            except TypeError:
-                pass
-            else:
-                rc: int = _raw_send(h.ptr, cbuf, len(cbuf), 0, -1)
+            if type(data) is bytes:  # cffi passes bytes as a pointer itself
+                rc: int = _raw_send(h.ptr, data, len(data), 0, -1)
                 if rc >= 0:
                     return rc
-                _release(cbuf)  # the slow path may raise (see _ll.release)
+            else:
+                try:
+                    cbuf = _raw_from_buffer(data)
+                except TypeError:
+                    pass
+                else:
+                    rc = _raw_send(h.ptr, cbuf, len(cbuf), 0, -1)
+                    if rc >= 0:
+                        return rc
+                    _release(cbuf)  # the slow path may raise (see _ll.release)
         buf = self._cbuf(data)
         try:
             return self._call(_ll.send, buf, len(buf), self._flags(flags))
@@ -1158,6 +1164,13 @@ class socket:
         h = self._h
         if h is not None and self._timeout is None and not flags:
             # hot path: blocking, no flags; C sends everything or fails
+            if type(data) is bytes:  # cffi passes bytes as a pointer itself
+                n = len(data)
+                rc = _raw_send(h.ptr, data, n, 0, -1)
+                if rc == n:
+                    return
+                self._sendall(data, flags, max(rc, 0))
+                return
             try:
                 buf = _raw_from_buffer(data)
             except TypeError:
@@ -1304,7 +1317,7 @@ class socket:
         if h is not None and self._timeout is None and not nbytes and not flags:
             # hot path: blocking, whole buffer, no flags
             try:
-                buf = _raw_from_buffer(buffer, require_writable=True)
+                buf = _raw_from_buffer(_CHARS, buffer, True)
             except (TypeError, BufferError):
                 pass
             else:

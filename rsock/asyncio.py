@@ -36,6 +36,7 @@ from rsock._socket import socket
 _raw_send = _ll.raw_send
 _raw_recv = _ll.raw_recv
 _raw_from_buffer = _ll.raw_from_buffer
+_CHARS = _ll.CHARS
 
 __all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
 
@@ -49,7 +50,7 @@ def _recv_into(ptr: Any, buf: Any) -> tuple[int, int]:
     """(result of rsk_recv, buffer size) for a protocol's buffer.  The cffi
     view of buf dies with this frame: it must not outlive the call (a view
     kept alive in a traceback crashed CPython's GC with SSLProtocol)."""
-    cbuf = _raw_from_buffer(buf, require_writable=True)
+    cbuf = _raw_from_buffer(_CHARS, buf, True)
     size = len(cbuf)
     if not size:
         raise RuntimeError("get_buffer() returned an empty buffer")
@@ -119,7 +120,7 @@ class RsockTransport(asyncio.Transport):
         # then reads copy straight out of the ring
         self._scratch = bytearray(_SCRATCH)
         self._scratch_mv = memoryview(self._scratch)
-        self._scratch_c = _raw_from_buffer(self._scratch, require_writable=True)
+        self._scratch_c = _raw_from_buffer(_CHARS, self._scratch, True)
         if server is not None:
             server._attach()
         self._loop.call_soon(self._connection_made, waiter)
