@@ -38,10 +38,9 @@ from typing_extensions import Buffer
 
 from rsock import _lowlevel as _ll
 
-_raw_send = _ll.raw_send
-_raw_recv = _ll.raw_recv
-_raw_from_buffer = _ll.raw_from_buffer
-_CHARS = _ll.CHARS
+_fast_send = _ll.fast_send
+_fast_sendall = _ll.fast_sendall
+_fast_recv_into = _ll.fast_recv_into
 _release = _ll.release
 
 __all__ = [
@@ -1139,20 +1138,13 @@ class socket:
     def send(self, data: Buffer, flags: int = 0, /) -> int:
         h = self._h
         if h is not None and self._timeout is None and not flags:
-            if type(data) is bytes:  # cffi passes bytes as a pointer itself
-                rc: int = _raw_send(h.ptr, data, len(data), 0, -1)
+            try:
+                rc: int = _fast_send(h.addr, data, -1)
+            except (TypeError, BufferError):
+                pass
+            else:
                 if rc >= 0:
                     return rc
-            else:
-                try:
-                    cbuf = _raw_from_buffer(data)
-                except TypeError:
-                    pass
-                else:
-                    rc = _raw_send(h.ptr, cbuf, len(cbuf), 0, -1)
-                    if rc >= 0:
-                        return rc
-                    _release(cbuf)  # the slow path may raise (see _ll.release)
         buf = self._cbuf(data)
         try:
             return self._call(_ll.send, buf, len(buf), self._flags(flags))
@@ -1164,23 +1156,13 @@ class socket:
         h = self._h
         if h is not None and self._timeout is None and not flags:
             # hot path: blocking, no flags; C sends everything or fails
-            if type(data) is bytes:  # cffi passes bytes as a pointer itself
-                n = len(data)
-                rc = _raw_send(h.ptr, data, n, 0, -1)
-                if rc == n:
-                    return
-                self._sendall(data, flags, max(rc, 0))
-                return
             try:
-                buf = _raw_from_buffer(data)
-            except TypeError:
+                rc = _fast_sendall(h.addr, data, -1)
+            except (TypeError, BufferError):
                 pass
             else:
-                n = len(buf)
-                rc = _raw_send(h.ptr, buf, n, 0, -1)
-                if rc == n:
+                if rc is None:
                     return
-                _release(buf)  # the slow path may raise (see _ll.release)
                 # interrupted or failed: the slow path resumes after rc bytes
                 self._sendall(data, flags, max(rc, 0))
                 return
@@ -1317,14 +1299,12 @@ class socket:
         if h is not None and self._timeout is None and not nbytes and not flags:
             # hot path: blocking, whole buffer, no flags
             try:
-                buf = _raw_from_buffer(_CHARS, buffer, True)
+                rc: int = _fast_recv_into(h.addr, buffer, -1)
             except (TypeError, BufferError):
                 pass
             else:
-                rc: int = _raw_recv(h.ptr, buf, len(buf), 0, -1)
                 if rc >= 0:
                     return rc
-                _release(buf)  # the slow path may raise (see _ll.release)
         return self._recv_into(buffer, nbytes, flags)
 
     def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:

@@ -33,10 +33,8 @@ from typing import Any
 from rsock import _lowlevel as _ll
 from rsock._socket import socket
 
-_raw_send = _ll.raw_send
-_raw_recv = _ll.raw_recv
-_raw_from_buffer = _ll.raw_from_buffer
-_CHARS = _ll.CHARS
+_fast_send = _ll.fast_send
+_fast_recv_into = _ll.fast_recv_into
 
 __all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
 
@@ -46,15 +44,13 @@ _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
 
 
-def _recv_into(ptr: Any, buf: Any) -> tuple[int, int]:
-    """(result of rsk_recv, buffer size) for a protocol's buffer.  The cffi
-    view of buf dies with this frame: it must not outlive the call (a view
-    kept alive in a traceback crashed CPython's GC with SSLProtocol)."""
-    cbuf = _raw_from_buffer(_CHARS, buf, True)
-    size = len(cbuf)
+def _recv_into(addr: int, buf: Any) -> tuple[int, int]:
+    """(result of rsk_recv, buffer size) for a protocol's buffer, through
+    the buffer protocol (no view of buf outlives the call)."""
+    size = len(buf)
     if not size:
         raise RuntimeError("get_buffer() returned an empty buffer")
-    rc: int = _raw_recv(ptr, cbuf, size, 0, 0)
+    rc: int = _fast_recv_into(addr, buf, 0)
     return rc, size
 
 
@@ -120,7 +116,6 @@ class RsockTransport(asyncio.Transport):
         # then reads copy straight out of the ring
         self._scratch = bytearray(_SCRATCH)
         self._scratch_mv = memoryview(self._scratch)
-        self._scratch_c = _raw_from_buffer(_CHARS, self._scratch, True)
         if server is not None:
             server._attach()
         self._loop.call_soon(self._connection_made, waiter)
@@ -198,14 +193,14 @@ class RsockTransport(asyncio.Transport):
         # Raw engine calls (-errno, no exceptions on EAGAIN).  A short read
         # means the ring is empty: stop there, the engine keeps the fd
         # readable if more arrives (level-triggered), so nothing is missed.
-        ptr = self._h.ptr
+        addr = self._h.addr
         for _ in range(_READS_PER_WAKEUP):
             if not self._reading or self._conn_lost:
                 return
             if self._buffered:
                 proto: Any = self._protocol
                 try:
-                    n, size = _recv_into(ptr, proto.get_buffer(-1))
+                    n, size = _recv_into(self._h.addr, proto.get_buffer(-1))
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
@@ -225,7 +220,7 @@ class RsockTransport(asyncio.Transport):
                         return
                     continue
             else:
-                n = _raw_recv(ptr, self._scratch_c, _SCRATCH, 0, 0)
+                n = _fast_recv_into(addr, self._scratch, 0)
                 if n > 0:
                     data = bytes(self._scratch_mv[:n])
                     if n == _SCRATCH:
@@ -279,7 +274,7 @@ class RsockTransport(asyncio.Transport):
             and not self._write_eof_pending
         ):
             # hot path: nothing queued, the whole message goes at once
-            rc: int = _raw_send(self._h.ptr, data, len(data), 0, 0)
+            rc: int = _fast_send(self._h.addr, data, 0)
             if rc == len(data):
                 return
             if rc > 0:
@@ -324,8 +319,7 @@ class RsockTransport(asyncio.Transport):
         """Non-blocking send: bytes taken (0 if none fit), or -1 after a
         fatal error was handled."""
         while True:
-            buf = data if type(data) is bytes else _raw_from_buffer(data)
-            rc: int = _raw_send(self._h.ptr, buf, len(data), 0, 0)
+            rc: int = _fast_send(self._h.addr, data, 0)
             if rc >= 0:
                 return rc
             if rc == -errno.EAGAIN:
