@@ -324,3 +324,86 @@ def test_writable_means_a_send_does_not_block(pair: Pair) -> None:
         t.join(60)
     assert pos == len(payload)
     assert bytes(got) == payload
+
+
+def test_many_watched_sockets_read_and_write(sockmod: ModuleType, transport: str) -> None:
+    """100 connections in one selector for reading and writing: a writer
+    fills each in turn and waits for EVENT_WRITE, a reader thread drains;
+    every byte arrives, and closing them all gives every fd back (rsock:
+    the watcher thread stays one thread)."""
+    import os
+    import threading
+
+    from robust_peer import fd_count
+
+    def watchers() -> int:
+        n = 0
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/comm") as f:
+                    n += f.read().strip() == "rsock-watch"
+            except FileNotFoundError:  # a thread that just ended
+                pass
+        return n
+
+    # rsock: the first watched fd starts the engine's watcher thread, whose
+    # epoll fd then lives as long as the process; start it before counting
+    c0, s0 = connected_pair(sockmod)
+    c0.fileno()
+    c0.close()
+    s0.close()
+    fds0 = fd_count()
+    pairs = [connected_pair(sockmod) for _ in range(100)]
+    clients = [c for c, _ in pairs]
+    try:
+        for c in clients:
+            c.setblocking(False)
+        per = 256 << 10
+        sent = [0] * len(pairs)
+        got = [0] * len(pairs)
+        stop = threading.Event()
+
+        def reader() -> None:
+            with selectors.DefaultSelector() as sel:
+                for i, (_, s) in enumerate(pairs):
+                    s.setblocking(False)
+                    sel.register(s, selectors.EVENT_READ, i)
+                while not stop.is_set() and sum(got) < per * len(pairs):
+                    for key, _ in sel.select(0.5):
+                        try:
+                            got[key.data] += len(pairs[key.data][1].recv(65536))
+                        except BlockingIOError:
+                            pass
+
+        t = threading.Thread(target=reader)
+        t.start()
+        chunk = b"m" * 65536
+        try:
+            with selectors.DefaultSelector() as sel:
+                for i, c in enumerate(clients):
+                    sel.register(c, selectors.EVENT_WRITE, i)
+                deadline = time.monotonic() + 60
+                while min(sent) < per and time.monotonic() < deadline:
+                    for key, ev in sel.select(1.0):
+                        i = key.data
+                        assert ev & selectors.EVENT_WRITE
+                        if sent[i] >= per:
+                            sel.unregister(clients[i])
+                            continue
+                        n = clients[i].send(chunk[: per - sent[i]])  # never BlockingIOError
+                        sent[i] += n
+            threads = watchers()
+        finally:
+            t.join(60)
+            stop.set()
+        assert sent == [per] * len(pairs)
+        assert got == sent
+        assert threads == (1 if transport == "rsock" else 0)
+    finally:
+        for c, s in pairs:
+            c.close()
+            s.close()
+    deadline = time.monotonic() + 5
+    while fd_count() > fds0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fd_count() <= fds0

@@ -1027,6 +1027,7 @@ static int eng_watch_add(rsk_sock *s)
 			eng_w.epfd = -1;
 			goto out;
 		}
+		pthread_setname_np(t, "rsock-watch");
 	}
 	for (i = 0; i < eng_w.cap && eng_w.slot[i].s; i++)
 		;
