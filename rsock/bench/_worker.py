@@ -913,6 +913,12 @@ def client_idle(args: argparse.Namespace) -> dict[str, Any]:
         recv_exact(conns[0], wbuf, IDLE_WINDOW.size)
         start, end = IDLE_WINDOW.unpack(wbuf)
         window = idle_window(conns, args.transport, start, end)
+        # wake the server only once it has surely closed its window: its
+        # counters must not see our wake-up bytes (an rsock process takes in
+        # arrivals in the background, through the watcher of fileno())
+        late = end + IDLE_LEAD_NS - time.monotonic_ns()
+        if late > 0:
+            time.sleep(late / 1e9)
         for conn in conns:
             conn.sendall(IDLE_WAKE)
         for i, conn in enumerate(conns):
