@@ -10,7 +10,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 # Stamp: the editable install (and its compiled extension) is newer than these inputs.
 STAMP := $(VENV)/.rsock-installed
-NATIVE_INPUTS := $(wildcard native/src/*.c native/src/*.h) native/include/rsock.h \
+NATIVE_INPUTS := $(wildcard native/src/*.c native/src/*.h native/py/*.c) native/include/rsock.h \
 	native/build_ffi.py pyproject.toml setup.py
 # Directories that exist (git does not keep empty ones, so compat/ may be absent).
 LINT_PATHS := $(wildcard rsock tests compat conftest.py)

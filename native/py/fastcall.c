@@ -51,24 +51,37 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
 	return 0;
 }
 
-/* recv_into(sock_addr, buffer, timeout_ms) -> rsk_recv's result */
-static PyObject *fc_recv_into(PyObject *self, PyObject *const *args,
-			      Py_ssize_t nargs)
+/* One engine call on the buffer of args[1]: *rc is fn's result, *len the
+ * buffer's; -1 with an exception set if the arguments are wrong. */
+static int fc_io(PyObject *const *args, Py_ssize_t nargs, const char *name,
+		 int bufflags, io_fn fn, ssize_t *rc, Py_ssize_t *len)
 {
 	Py_buffer b;
 	void *s;
 	int timeout;
+
+	if (get_args(args, nargs, name, &s, &timeout))
+		return -1;
+	if (PyObject_GetBuffer(args[1], &b, bufflags) < 0)
+		return -1;
+	Py_BEGIN_ALLOW_THREADS
+	*rc = fn(s, b.buf, (size_t)b.len, 0, timeout);
+	Py_END_ALLOW_THREADS
+	*len = b.len;
+	PyBuffer_Release(&b);
+	return 0;
+}
+
+/* recv_into(sock_addr, buffer, timeout_ms) -> rsk_recv's result */
+static PyObject *fc_recv_into(PyObject *self, PyObject *const *args,
+			      Py_ssize_t nargs)
+{
 	ssize_t rc;
+	Py_ssize_t len;
 
 	(void)self;
-	if (get_args(args, nargs, "recv_into", &s, &timeout))
+	if (fc_io(args, nargs, "recv_into", PyBUF_WRITABLE, fn_recv, &rc, &len))
 		return NULL;
-	if (PyObject_GetBuffer(args[1], &b, PyBUF_WRITABLE) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = fn_recv(s, b.buf, (size_t)b.len, 0, timeout);
-	Py_END_ALLOW_THREADS
-	PyBuffer_Release(&b);
 	return PyLong_FromSsize_t(rc);
 }
 
@@ -76,20 +89,12 @@ static PyObject *fc_recv_into(PyObject *self, PyObject *const *args,
 static PyObject *fc_send(PyObject *self, PyObject *const *args,
 			 Py_ssize_t nargs)
 {
-	Py_buffer b;
-	void *s;
-	int timeout;
 	ssize_t rc;
+	Py_ssize_t len;
 
 	(void)self;
-	if (get_args(args, nargs, "send", &s, &timeout))
+	if (fc_io(args, nargs, "send", PyBUF_SIMPLE, fn_send, &rc, &len))
 		return NULL;
-	if (PyObject_GetBuffer(args[1], &b, PyBUF_SIMPLE) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = fn_send(s, b.buf, (size_t)b.len, 0, timeout);
-	Py_END_ALLOW_THREADS
-	PyBuffer_Release(&b);
 	return PyLong_FromSsize_t(rc);
 }
 
@@ -98,21 +103,13 @@ static PyObject *fc_send(PyObject *self, PyObject *const *args,
 static PyObject *fc_sendall(PyObject *self, PyObject *const *args,
 			    Py_ssize_t nargs)
 {
-	Py_buffer b;
-	void *s;
-	int timeout;
 	ssize_t rc;
+	Py_ssize_t len;
 
 	(void)self;
-	if (get_args(args, nargs, "sendall", &s, &timeout))
+	if (fc_io(args, nargs, "sendall", PyBUF_SIMPLE, fn_send, &rc, &len))
 		return NULL;
-	if (PyObject_GetBuffer(args[1], &b, PyBUF_SIMPLE) < 0)
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	rc = fn_send(s, b.buf, (size_t)b.len, 0, timeout);
-	Py_END_ALLOW_THREADS
-	PyBuffer_Release(&b);
-	if (rc == b.len)
+	if (rc == len)
 		Py_RETURN_NONE;
 	return PyLong_FromSsize_t(rc);
 }
