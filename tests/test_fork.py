@@ -64,3 +64,40 @@ def test_forking_tcp_server(sockmod: ModuleType, transport: str) -> None:
         srv.shutdown()
         t.join(20)
         srv.server_close()
+
+
+@pytest.mark.timeout_s(60)
+def test_child_serves_while_parent_watches(sockmod: ModuleType, transport: str) -> None:
+    """The parent handed out the accepted connection's fileno() (rsock: the
+    engine's watcher follows it) and keeps its copy open for a while after
+    forking; data that arrives meanwhile must not make the parent the
+    connection's user: the child serves it."""
+    import time
+
+    with sockmod.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(1)
+        client = sockmod.create_connection(lst.getsockname(), timeout=20)
+        with client:
+            conn, _ = lst.accept()
+            conn.fileno()
+            pid = os.fork()
+            if pid == 0:  # the child: serve one line, then exit
+                code = 1
+                try:
+                    conn.settimeout(20)
+                    line = conn.makefile("rb").readline()
+                    conn.sendall(b"child " + line.upper())
+                    code = 0
+                finally:
+                    os._exit(code)
+            try:
+                client.sendall(b"ping\n")  # arrives while the parent holds its copy
+                time.sleep(0.3)
+                conn.close()
+                f = client.makefile("rb")
+                assert f.readline() == b"child PING\n"
+                f.close()
+            finally:
+                _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

@@ -144,7 +144,7 @@ static PyMethodDef fc_methods[] = {
 	{ "send", (PyCFunction)(void (*)(void))fc_send, METH_FASTCALL,
 	  "send(sock_addr, data, timeout_ms) -> rsk_send result" },
 	{ "sendall", (PyCFunction)(void (*)(void))fc_sendall, METH_FASTCALL,
-	  "sendall(sock_addr, data, timeout_ms) -> None if all sent, else rsk_send result" },
+	  "sendall(sock_addr, data, timeout_ms) -> None or rsk_send result" },
 	{ "bind", (PyCFunction)(void (*)(void))fc_bind, METH_FASTCALL,
 	  "bind(rsk_send_addr, rsk_recv_addr)" },
 	{ NULL, NULL, 0, NULL },

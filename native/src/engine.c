@@ -134,8 +134,6 @@ static void eng_atfork_child(void)
 }
 
 static void eng_watch_prefork(void);
-static void eng_watch_parent(void);
-static void eng_watch_child(void);
 
 static void eng_atfork_prepare(void)
 {
@@ -159,6 +157,16 @@ static int eng_forked(const rsk_sock *s)
 /* owner word: a pid, with OWNER_USED set once the creator has used the
  * connection after a fork (pids are below 2^22) */
 #define OWNER_USED 0x80000000u
+
+/* Has this process already claimed a connection that crossed a fork? */
+static int eng_owned(rsk_sock *s)
+{
+	uint32_t o = __atomic_load_n(s->ops->owner_word(s->qp),
+				     __ATOMIC_ACQUIRE);
+
+	return o == (eng_pid == s->creator ? (s->creator | OWNER_USED)
+					   : eng_pid);
+}
 
 /*
  * May this process use a connection that crossed a fork?  The creator may
@@ -853,8 +861,9 @@ static int eng_fd_ready(const rsk_sock *s)
  * fileno() of a connection is fa, one end of a socketpair; only this
  * struct holds the other end, fb.  fa polls readable while a token byte
  * we wrote into fb sits in it, and writable while its send buffer has
- * room (which we shrink while a send would block: below).  eng_sync_pair sets both from the
- * engine's state at the end of every call; between calls a watcher thread
+ * room (which we shrink while a send would block: below).  eng_sync_pair
+ * sets both from the engine's state at the end of every call; between
+ * calls a watcher thread
  * (one per process, started with the first connection that needs it)
  * wakes on the connection's notify and liveness fds, edge-triggered,
  * takes in what happened and does the same.  Nothing polls: the engine is
@@ -940,8 +949,9 @@ static void eng_watch_event(rsk_sock *s, int live)
 	if (s->closed || s->released || s->kind != K_CONN ||
 	    !(s->watch & RSK_WATCH_FD))
 		return;
-	if (eng_forked(s) && !eng_claim(s))
-		return; /* another process drives it now */
+	if (eng_forked(s) && !eng_owned(s))
+		return; /* not ours (yet): the watcher never claims one, so the
+			 * child of an accept-then-fork server still can */
 	eng_progress(s);
 	if (live)
 		eng_poll_live(s);
