@@ -32,13 +32,14 @@ static int fail(const char *where)
 	return 1;
 }
 
-static int server(int port)
+static int server(int port, const char *dump)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
 	static uint8_t buf[65536];
 	uint64_t sum = 0xcbf29ce484222325ull, total = 0, ans[2];
 	int l, c, one = 1;
 	ssize_t n;
+	FILE *df = NULL;
 
 	if ((l = rsocket(AF_INET, SOCK_STREAM, 0)) < 0)
 		return fail("rsocket");
@@ -49,10 +50,16 @@ static int server(int port)
 	fflush(stdout);
 	if ((c = raccept(l, NULL, NULL)) < 0)
 		return fail("raccept");
+	if (dump && !(df = fopen(dump, "wb")))
+		return fail("fopen");
 	while ((n = rrecv(c, buf, sizeof(buf), 0)) > 0) {
 		sum = fnv(sum, buf, (size_t)n);
 		total += (uint64_t)n;
+		if (df && fwrite(buf, 1, (size_t)n, df) != (size_t)n)
+			return fail("fwrite");
 	}
+	if (df)
+		fclose(df);
 	if (n < 0)
 		return fail("rrecv");
 	ans[0] = total;
@@ -107,10 +114,10 @@ static int client(const char *host, int port, size_t total)
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc == 3 && !strcmp(argv[1], "server"))
-		return server(atoi(argv[2]));
+	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "server"))
+		return server(atoi(argv[2]), argc == 4 ? argv[3] : NULL);
 	if (argc == 5 && !strcmp(argv[1], "client"))
 		return client(argv[2], atoi(argv[3]), (size_t)atoll(argv[4]));
-	fprintf(stderr, "usage: rs_peer server PORT | client HOST PORT N\n");
+	fprintf(stderr, "usage: rs_peer server PORT [DUMPFILE] | client HOST PORT N\n");
 	return 2;
 }

@@ -518,15 +518,24 @@ static int rs_post_data(rsk_sock *s, const void *p, uint32_t n)
 {
 	struct rs_sge *t = &s->rs_tsgl[s->rs_tsge];
 	struct iovec iov = { .iov_base = (void *)p, .iov_len = n };
-	int rc = rs_post(s, &iov, 1, t->addr, t->key, IMM(RS_OP_DATA, n));
+	uint64_t addr = t->addr;
+	uint32_t key = t->key;
+	int rc;
 
+	/* Take the space before posting: once the write is out, the peer may
+	 * consume the rest of this SGE and publish its next one into this
+	 * very entry (an RDMA write into rs_tsgl) before this thread runs
+	 * again (rxe: on another CPU, at once); updating the entry after
+	 * the post would then clobber the new SGE and misplace what follows
+	 * (seen as a corrupted stream at an rsockets server). */
+	t->addr += n;
+	__atomic_store_n(&t->length, t->length - n, __ATOMIC_RELEASE);
+	if (t->length == 0)
+		s->rs_tsge = (s->rs_tsge + 1) % 2;
+	rc = rs_post(s, &iov, 1, addr, key, IMM(RS_OP_DATA, n));
 	if (rc)
 		return rc;
 	s->rs_sseq_no++;
-	t->addr += n;
-	t->length -= n;
-	if (t->length == 0)
-		s->rs_tsge = (s->rs_tsge + 1) % 2;
 	return 0;
 }
 

@@ -56,11 +56,31 @@ def _pattern(n: int) -> bytes:
 TOTAL = 300_000
 
 
-def test_rsock_client_to_rsockets_server() -> None:
+def _first_difference(got: bytes, want: bytes) -> str:
+    """Where a received stream departs from the sent one (for the failure message)."""
+    n = min(len(got), len(want))
+    i = next((k for k in range(n) if got[k] != want[k]), n)
+    if i == n and len(got) == len(want):
+        return "identical"
+    j = i
+    while j < n and got[j] != want[j]:
+        j += 1
+    return (
+        f"first difference at byte {i} of {len(want)} (received {len(got)}), "
+        f"{j - i} bytes differ from there; got {got[i : i + 16].hex()} "
+        f"want {want[i : i + 16].hex()}"
+    )
+
+
+def test_rsock_client_to_rsockets_server(tmp_path: Any) -> None:
     """rsock speaks rsockets' protocol to a librdmacm rsocket server (after it refuses
-    rsock's own connection data): bytes and checksum verified by the C peer."""
+    rsock's own connection data): bytes and checksum verified by the C peer (which
+    also keeps what it received, to say where a corrupted stream differs)."""
     port = _port()
-    srv = subprocess.Popen([PEER, "server", str(port)], stdout=subprocess.PIPE, text=True)
+    dump = tmp_path / "received"
+    srv = subprocess.Popen(
+        [PEER, "server", str(port), str(dump)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert srv.stdout is not None
         assert srv.stdout.readline().startswith("listening")
@@ -75,8 +95,11 @@ def test_rsock_client_to_rsockets_server() -> None:
                 answer += b
             assert c.recv(1) == b""  # the server closes
         total, checksum = struct.unpack("<QQ", answer)
-        assert total == TOTAL
-        assert checksum == _fnv(data)
+        assert srv.wait(30) == 0
+        got = dump.read_bytes()
+        assert total == TOTAL and checksum == _fnv(data), (
+            f"{_first_difference(got, data)}; answer {answer.hex()}"
+        )
         assert srv.wait(30) == 0
         assert srv.stdout.readline().startswith(f"ok {TOTAL} bytes")
     finally:
