@@ -11,6 +11,7 @@ without blocking.
 
 from __future__ import annotations
 
+import functools
 import select
 import selectors
 import socket
@@ -26,65 +27,35 @@ Pair = tuple[Any, Any]
 Readable = Callable[[Any, float], bool]
 
 
-def readable_select(sock: Any, timeout: float) -> bool:
-    r, _, _ = select.select([sock], [], [], timeout)
-    return bool(r)
+def _select(sock: Any, timeout: float, write: bool) -> bool:
+    r, w, _ = select.select([] if write else [sock], [sock] if write else [], [], timeout)
+    return bool(w if write else r)
 
 
-def readable_poll(sock: Any, timeout: float) -> bool:
+def _poll(sock: Any, timeout: float, write: bool) -> bool:
     p = select.poll()
-    p.register(sock.fileno(), select.POLLIN)
+    p.register(sock.fileno(), select.POLLOUT if write else select.POLLIN)
     return bool(p.poll(timeout * 1000))
 
 
-def readable_epoll(sock: Any, timeout: float) -> bool:
+def _epoll(sock: Any, timeout: float, write: bool) -> bool:
     with select.epoll() as ep:
-        ep.register(sock.fileno(), select.EPOLLIN)
+        ep.register(sock.fileno(), select.EPOLLOUT if write else select.EPOLLIN)
         return bool(ep.poll(timeout))
 
 
-def readable_selector(sock: Any, timeout: float) -> bool:
+def _selector(sock: Any, timeout: float, write: bool) -> bool:
     with selectors.DefaultSelector() as sel:
-        sel.register(sock, selectors.EVENT_READ)
+        sel.register(sock, selectors.EVENT_WRITE if write else selectors.EVENT_READ)
         return bool(sel.select(timeout))
 
 
+POLLERS = {"select": _select, "poll": _poll, "epoll": _epoll, "selectors": _selector}
 CHECKS: dict[str, Callable[[Any, float], bool]] = {
-    "select": readable_select,
-    "poll": readable_poll,
-    "epoll": readable_epoll,
-    "selectors": readable_selector,
+    name: functools.partial(fn, write=False) for name, fn in POLLERS.items()
 }
-
-
-def writable_select(sock: Any, timeout: float) -> bool:
-    _, w, _ = select.select([], [sock], [], timeout)
-    return bool(w)
-
-
-def writable_poll(sock: Any, timeout: float) -> bool:
-    p = select.poll()
-    p.register(sock.fileno(), select.POLLOUT)
-    return bool(p.poll(timeout * 1000))
-
-
-def writable_epoll(sock: Any, timeout: float) -> bool:
-    with select.epoll() as ep:
-        ep.register(sock.fileno(), select.EPOLLOUT)
-        return bool(ep.poll(timeout))
-
-
-def writable_selector(sock: Any, timeout: float) -> bool:
-    with selectors.DefaultSelector() as sel:
-        sel.register(sock, selectors.EVENT_WRITE)
-        return bool(sel.select(timeout))
-
-
 WCHECKS: dict[str, Callable[[Any, float], bool]] = {
-    "select": writable_select,
-    "poll": writable_poll,
-    "epoll": writable_epoll,
-    "selectors": writable_selector,
+    name: functools.partial(fn, write=True) for name, fn in POLLERS.items()
 }
 
 

@@ -1133,9 +1133,13 @@ static void eng_watch_child(void)
 	pthread_cond_init(&eng_w.cond, NULL);
 }
 
-/* A listener's fa becomes epfd: readable while a connection waits. */
-static void eng_fd_listener(rsk_sock *s)
+/* s listens from now on; its fa becomes epfd (the first time): readable
+ * while a connection waits. */
+static void eng_become_listener(rsk_sock *s)
 {
+	s->kind = K_LISTEN;
+	if (s->fb < 0)
+		return;
 	if (dup3(s->epfd, s->fa, O_CLOEXEC) < 0)
 		return; /* fa stays a never-readable socket: accept still works */
 	close(s->fb);
@@ -1162,8 +1166,6 @@ static int eng_want_wake(const rsk_sock *s)
  */
 static void eng_sync_fd(rsk_sock *s)
 {
-	if (s->kind == K_LISTEN && s->fb >= 0)
-		eng_fd_listener(s);
 	if (!s->watch || s->kind != K_CONN || s->released)
 		return;
 	if ((s->watch & RSK_WATCH_FD) && s->wslot < 0 && eng_watch_add(s))
@@ -1795,7 +1797,7 @@ int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog)
 		goto out;
 	}
 	s->lfd[s->nlfd++] = fd;
-	s->kind = K_LISTEN;
+	eng_become_listener(s);
 out:
 	eng_leave(s);
 	return rc;
@@ -2087,7 +2089,7 @@ int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog)
 		goto out;
 	}
 	s->vl = l;
-	s->kind = K_LISTEN;
+	eng_become_listener(s);
 out:
 	eng_leave(s);
 	return rc;
