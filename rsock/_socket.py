@@ -1296,11 +1296,12 @@ class socket:
 
     def recv_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> int:
         h = self._h
-        if h is not None and self._timeout is None and not nbytes and not flags:
-            # hot path: blocking, whole buffer, no flags
+        if h is not None and self._timeout is None and not flags:
+            # hot path: blocking, no flags (anything odd goes the long way,
+            # which raises the stdlib's exception)
             try:
-                rc: int = _fast_recv_into(h.addr, buffer, -1)
-            except (TypeError, BufferError):
+                rc: int = _fast_recv_into(h.addr, buffer, -1, nbytes)
+            except (TypeError, BufferError, ValueError, OverflowError):
                 pass
             else:
                 if rc >= 0:
@@ -1309,6 +1310,8 @@ class socket:
 
     def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:
         nbytes = _index(nbytes)
+        if not -sys.maxsize - 1 <= nbytes <= sys.maxsize:  # the stdlib converts to Py_ssize_t first
+            raise OverflowError("Python int too large to convert to C ssize_t")
         if nbytes < 0:
             raise ValueError(f"negative buffersize in {what}")
         buf = self._cbuf(buffer, True)

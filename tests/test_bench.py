@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import pty
+import random
 import struct
 import subprocess
 import sys
@@ -482,23 +483,62 @@ def test_options_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sampled_check_sees_what_it_samples() -> None:
-    """The server's sampled check (head, tail, one byte in STRIDE at a phase
-    that moves per message) passes the right messages, in any window, and
-    fails a message with one wrong byte at a sampled offset or a message of
-    the wrong window."""
+    """The server's sampled check (head, tail and one BLOCK-byte block that
+    moves per message) passes the right messages, in any window, and fails a
+    message with one wrong byte at a sampled offset or a message of the wrong
+    window; over nblk messages the blocks cover every byte offset."""
     sys.path.insert(0, str(ROOT))
-    from rsock.bench._worker import NWIN, STRIDE, StreamChecker
+    from rsock.bench._worker import NWIN, StreamChecker
 
-    size = 65536
-    chk = StreamChecker(size)
-    chk.begin(0, 3 * NWIN)
-    for seq in range(3 * NWIN):
-        good = bytearray(chk.wins[seq % NWIN])
-        bad = bytearray(good)
-        off = [0, size - 1, seq % STRIDE + STRIDE * (seq % (size // STRIDE))][seq % 3]
-        bad[off] ^= 0x40
-        wrong = bytearray(chk.wins[(seq + 1) % NWIN])
-        for buf, ok in ((good, True), (bad, False), (wrong, False)):
-            chk.seq, chk.nbad = seq, 0
-            chk.check(buf, memoryview(buf))
-            assert chk.nbad == (0 if ok else 1), (seq, ok, off)
+    for size in (65536, 100_000, 300):
+        chk = StreamChecker(size)
+        chk.begin(0, 3 * NWIN)
+        assert sorted(chk.offs) == sorted({chk.blk_off(b) for b in range(chk.nblk)})
+        covered = bytearray(size)
+        for off in chk.offs:
+            covered[off : off + chk.blk] = b"\x01" * chk.blk
+        assert covered == b"\x01" * size
+        for seq in range(3 * NWIN):
+            good = bytearray(chk.wins[seq % NWIN])
+            bad = bytearray(good)
+            off = [0, size - 1, chk.offs[seq % chk.nblk] + seq % chk.blk][seq % 3]
+            bad[off] ^= 0x40
+            wrong = bytearray(chk.wins[(seq + 1) % NWIN])
+            for buf, ok in ((good, True), (bad, False), (wrong, False)):
+                chk.seq, chk.nbad = seq, 0
+                chk.check(buf, memoryview(buf))
+                assert chk.nbad == (0 if ok else 1), (size, seq, ok, off)
+                assert chk.seq == seq + 1
+
+
+def test_bulk_check_sees_every_byte() -> None:
+    """msgrate's bulk check: the stream cut into chunks anywhere (across
+    message and period boundaries) passes; one flipped byte anywhere fails
+    exactly the message it is in, at its offset."""
+    sys.path.insert(0, str(ROOT))
+    from rsock.bench._worker import NWIN, StreamChecker
+
+    size, nmsg = 64, 3 * NWIN + 5
+    ref = StreamChecker(size)
+    stream = b"".join(bytes(ref.wins[k % NWIN]) for k in range(nmsg))
+    rnd = random.Random(7)
+    for flip in (-1, 0, 1, 63, 64, 1000, len(stream) - 1):
+        data = bytearray(stream)
+        if flip >= 0:
+            data[flip] ^= 0x01
+        chk = StreamChecker(size)
+        chk.bulk_init(4096)
+        chk.begin(0, nmsg)
+        pos = 0
+        while pos < len(data):
+            n = min(rnd.randint(1, 4096), len(data) - pos)
+            buf = bytearray(4096)
+            buf[:n] = data[pos : pos + n]
+            chk.check_bulk(buf, n)
+            pos += n
+        assert chk.seq == nmsg and chk.part == 0
+        if flip < 0:
+            assert chk.nbad == 0
+        else:
+            assert (chk.nbad, chk.first_bad_seq, chk.first_bad_off) == (
+                1, flip // size, flip % size), flip

@@ -55,3 +55,36 @@ def test_buffer_kinds_through_the_hot_paths() -> None:
             with pytest.raises(BufferError, match="not C-contiguous"):
                 fn(memoryview(b"abcdef")[::2])
     assert _lowlevel.fast_send is _fastcall.send
+
+
+@pytest.mark.parametrize("mod", ["tcp", "rsock"])
+def test_recv_into_nbytes(mod: str) -> None:
+    """recv_into's nbytes through the hot path: a prefix of the buffer is
+    filled and nothing past it; bad values get the stdlib's errors (TCP is
+    the oracle) and lose no data."""
+    import socket
+
+    client, server = connected_pair(rsock if mod == "rsock" else socket)
+    with client, server:
+        client.settimeout(10)
+        server.settimeout(None)  # blocking: the hot path
+        client.sendall(bytes(range(256)) * 40)  # 10240 bytes
+        buf = bytearray(b"\xee" * 100)
+        got = bytearray()
+        n = server.recv_into(buf, 7)
+        assert 1 <= n <= 7 and buf[n:] == b"\xee" * (100 - n)
+        got += buf[:n]
+        errors = []
+        for bad in (101, -1, 1 << 70, -(1 << 70), "3", 2.0):
+            with pytest.raises((ValueError, OverflowError, TypeError)) as ei:
+                server.recv_into(buf, bad)  # type: ignore[arg-type]
+            errors.append((type(ei.value), str(ei.value)))
+        assert errors[0] == (ValueError, "buffer too small for requested bytes")
+        assert errors[1] == (ValueError, "negative buffersize in recv_into")
+        assert errors[2][0] is OverflowError and errors[3][0] is OverflowError
+        assert errors[4][0] is TypeError and errors[5][0] is TypeError
+        while len(got) < 10240:
+            n = server.recv_into(buf, 100 if len(got) % 2 else 0)
+            assert n > 0
+            got += buf[:n]
+        assert got == bytes(range(256)) * 40

@@ -51,10 +51,12 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
 	return 0;
 }
 
-/* One engine call on the buffer of args[1]: *rc is fn's result, *len the
- * buffer's; -1 with an exception set if the arguments are wrong. */
+/* One engine call on the buffer of args[1], on its first limit bytes when
+ * limit > 0 (ValueError if the buffer is shorter): *rc is fn's result, *len
+ * the length used; -1 with an exception set if the arguments are wrong. */
 static int fc_io(PyObject *const *args, Py_ssize_t nargs, const char *name,
-		 int bufflags, io_fn fn, ssize_t *rc, Py_ssize_t *len)
+		 int bufflags, io_fn fn, Py_ssize_t limit, ssize_t *rc,
+		 Py_ssize_t *len)
 {
 	Py_buffer b;
 	void *s;
@@ -64,23 +66,42 @@ static int fc_io(PyObject *const *args, Py_ssize_t nargs, const char *name,
 		return -1;
 	if (PyObject_GetBuffer(args[1], &b, bufflags) < 0)
 		return -1;
+	if (limit > b.len) {
+		PyBuffer_Release(&b);
+		PyErr_SetString(PyExc_ValueError,
+				"buffer too small for requested bytes");
+		return -1;
+	}
+	*len = limit > 0 ? limit : b.len;
 	Py_BEGIN_ALLOW_THREADS
-	*rc = fn(s, b.buf, (size_t)b.len, 0, timeout);
+	*rc = fn(s, b.buf, (size_t)*len, 0, timeout);
 	Py_END_ALLOW_THREADS
-	*len = b.len;
 	PyBuffer_Release(&b);
 	return 0;
 }
 
-/* recv_into(sock_addr, buffer, timeout_ms) -> rsk_recv's result */
+/* recv_into(sock_addr, buffer, timeout_ms[, nbytes]) -> rsk_recv's result;
+ * nbytes as socket.recv_into's (0: the whole buffer) */
 static PyObject *fc_recv_into(PyObject *self, PyObject *const *args,
 			      Py_ssize_t nargs)
 {
+	Py_ssize_t len, limit = 0;
 	ssize_t rc;
-	Py_ssize_t len;
 
 	(void)self;
-	if (fc_io(args, nargs, "recv_into", PyBUF_WRITABLE, fn_recv, &rc, &len))
+	if (nargs == 4) {
+		limit = PyNumber_AsSsize_t(args[3], PyExc_OverflowError);
+		if (limit == -1 && PyErr_Occurred())
+			return NULL;
+		if (limit < 0) {
+			PyErr_SetString(PyExc_ValueError,
+					"negative buffersize in recv_into");
+			return NULL;
+		}
+		nargs = 3;
+	}
+	if (fc_io(args, nargs, "recv_into", PyBUF_WRITABLE, fn_recv, limit,
+		  &rc, &len))
 		return NULL;
 	return PyLong_FromSsize_t(rc);
 }
@@ -93,7 +114,7 @@ static PyObject *fc_send(PyObject *self, PyObject *const *args,
 	Py_ssize_t len;
 
 	(void)self;
-	if (fc_io(args, nargs, "send", PyBUF_SIMPLE, fn_send, &rc, &len))
+	if (fc_io(args, nargs, "send", PyBUF_SIMPLE, fn_send, 0, &rc, &len))
 		return NULL;
 	return PyLong_FromSsize_t(rc);
 }
@@ -107,7 +128,7 @@ static PyObject *fc_sendall(PyObject *self, PyObject *const *args,
 	Py_ssize_t len;
 
 	(void)self;
-	if (fc_io(args, nargs, "sendall", PyBUF_SIMPLE, fn_send, &rc, &len))
+	if (fc_io(args, nargs, "sendall", PyBUF_SIMPLE, fn_send, 0, &rc, &len))
 		return NULL;
 	if (rc == len)
 		Py_RETURN_NONE;
@@ -140,7 +161,7 @@ static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 
 static PyMethodDef fc_methods[] = {
 	{ "recv_into", (PyCFunction)(void (*)(void))fc_recv_into, METH_FASTCALL,
-	  "recv_into(sock_addr, buffer, timeout_ms) -> rsk_recv result" },
+	  "recv_into(sock_addr, buffer, timeout_ms[, nbytes]) -> rsk_recv result" },
 	{ "send", (PyCFunction)(void (*)(void))fc_send, METH_FASTCALL,
 	  "send(sock_addr, data, timeout_ms) -> rsk_send result" },
 	{ "sendall", (PyCFunction)(void (*)(void))fc_sendall, METH_FASTCALL,
