@@ -450,7 +450,7 @@ def read_header(conn: StreamSocket, hbuf: memoryview) -> tuple[int, int]:
 
 def bulk_recv(args: argparse.Namespace) -> bool:
     """msgrate's server reads whatever has arrived, up to BULK bytes per call."""
-    return args.test == "msgrate" and args.msgrate_recv == "bulk"
+    return bool(args.test == "msgrate" and args.msgrate_recv == "bulk")
 
 
 def serve_stream(
