@@ -266,19 +266,23 @@ class RsockTransport(asyncio.Transport):
     # ---------------------------------------------------------------- writing
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        t = type(data)
         if (
-            type(data) is bytes
-            and data
+            (t is bytes or t is memoryview or t is bytearray)
             and not self._buffer
             and not self._conn_lost
             and not self._write_eof_pending
         ):
             # hot path: nothing queued, the whole message goes at once
-            rc: int = _fast_send(self._h.addr, data, 0)
-            if rc == len(data):
-                return
+            try:
+                rc: int = _fast_send(self._h.addr, data, 0)
+            except BufferError:  # not contiguous: the long way below
+                rc = -errno.EAGAIN
+            else:
+                if rc == (data.nbytes if isinstance(data, memoryview) else len(data)):
+                    return  # all of it (or empty data: nothing to do)
             if rc > 0:
-                data = data[rc:]
+                data = (memoryview(data).cast("B") if isinstance(data, memoryview) else data)[rc:]
             elif rc not in (-errno.EAGAIN, -errno.EINTR):
                 self._fatal_error(self._sock._raise(rc), "Fatal write error on rsock transport")
                 return
@@ -286,6 +290,11 @@ class RsockTransport(asyncio.Transport):
             raise TypeError(
                 f"data argument must be a bytes-like object, not {type(data).__name__!r}"
             )
+        if isinstance(data, memoryview) and data.format != "B":
+            # counted and sliced in bytes from here on
+            if not data.c_contiguous:
+                raise BufferError("memoryview: underlying buffer is not C-contiguous")
+            data = data.cast("B")
         if self._write_eof_pending:
             raise RuntimeError("Cannot call write() after write_eof()")
         if not data:
