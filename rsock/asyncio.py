@@ -44,16 +44,6 @@ _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
 
 
-def _recv_into(addr: int, buf: Any) -> tuple[int, int]:
-    """(result of rsk_recv, buffer size) for a protocol's buffer, through
-    the buffer protocol (no view of buf outlives the call)."""
-    size = len(buf)
-    if not size:
-        raise RuntimeError("get_buffer() returned an empty buffer")
-    rc: int = _fast_recv_into(addr, buf, 0)
-    return rc, size
-
-
 def _loop_spin(sock: socket) -> None:
     """No spinning on the loop thread unless the user asked for it."""
     if "RSOCK_SPIN_US" in os.environ:
@@ -200,7 +190,12 @@ class RsockTransport(asyncio.Transport):
             if self._buffered:
                 proto: Any = self._protocol
                 try:
-                    n, size = _recv_into(self._h.addr, proto.get_buffer(-1))
+                    buf = proto.get_buffer(-1)
+                    size = len(buf)
+                    if not size:
+                        raise RuntimeError("get_buffer() returned an empty buffer")
+                    n = _fast_recv_into(addr, buf, 0)
+                    del buf  # no view of the protocol's buffer outlives the call
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
