@@ -182,6 +182,36 @@ def test_writable_when_peer_killed(
         assert time.monotonic() - t0 < 1.5
 
 
+def test_error_and_hangup_when_peer_killed_unread(
+    sockmod: ModuleType, transport: str, peers: Peers
+) -> None:
+    """A peer killed with our data unread resets the connection: poll()
+    reports POLLERR and POLLHUP besides POLLIN and POLLOUT, as for a TCP
+    RST, within a second and for good; a recv then fails with
+    ConnectionResetError."""
+    from test_socket_behaviour import connect_to_holding_peer
+
+    sock, peer = connect_to_holding_peer(sockmod, transport, peers, "server")
+    with sock:
+        fill(sock)  # the peer holds unread data when it dies
+        p = select.poll()
+        p.register(sock.fileno(), select.POLLIN | select.POLLOUT)
+        assert not p.poll(50)  # before: nothing (a full send side, no data)
+        peer.kill()
+        want = select.POLLIN | select.POLLOUT | select.POLLERR | select.POLLHUP
+        t0 = time.monotonic()
+        ev = 0
+        while time.monotonic() - t0 < 5.0 and ev & want != want:
+            got = p.poll(100)
+            ev = got[0][1] if got else 0
+        assert ev & want == want, hex(ev)
+        assert time.monotonic() - t0 < 1.5
+        time.sleep(0.05)
+        assert p.poll(0)[0][1] & want == want  # still there (level)
+        with pytest.raises(ConnectionResetError):
+            sock.recv(16)
+
+
 def test_nonblocking_recv_after_select(pair: Pair) -> None:
     """The select-then-recv loop of a non-blocking server moves every byte."""
     client, server = pair

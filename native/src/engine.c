@@ -914,6 +914,19 @@ static void eng_sync_pair(rsk_sock *s)
 {
 	int r = eng_readable(s), w = eng_writable(s);
 
+	if (s->fb < 0)
+		return; /* reset: fa is final (below) */
+	if ((s->flags & F_DEAD) && s->err) {
+		/* A reset: fa shows it as a reset TCP socket does, POLLERR and
+		 * POLLHUP besides POLLIN and POLLOUT, for good.  Closing fb with
+		 * the filler still queued in it gives fa ECONNRESET as its
+		 * pending error (nobody reads fa's, so it stays) and hangs it up,
+		 * and frees the filler, so fa polls writable.  (A copy of fb
+		 * that a fork left in another process keeps fa as it is.) */
+		close(s->fb);
+		s->fb = -1;
+		return;
+	}
 	if (r && !s->tok) {
 		if (send(s->fb, "r", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
 			s->tok = 1;

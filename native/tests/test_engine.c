@@ -573,21 +573,24 @@ static void t_watch_fd_writable(void)
 	CHECK_EQ(poll(&pfd, 1, 1000), 1);
 	CHECK_EQ(pfd.revents, POLLOUT);
 	CHECK(rsk_send(b, data, sizeof(data), 0, 0) > 0);
-	/* the peer's close: readable (EOF) and writable (the send fails) */
+	/* the peer closes with our data unread, which resets the connection
+	 * (as TCP sends an RST): readable, writable (the send fails), and
+	 * POLLERR and POLLHUP, as a reset TCP socket polls */
 	rsk_close(a);
 	{
-		/* the two come from two syscalls: a poll may wake between */
+		/* these come from several syscalls: a poll may wake between */
 		int i;
 
 		for (i = 0; i < 100; i++) {
 			pfd.revents = 0;
 			CHECK_EQ(poll(&pfd, 1, 1000), 1);
-			if (pfd.revents == (POLLIN | POLLOUT))
+			if (pfd.revents == (POLLIN | POLLOUT | POLLERR | POLLHUP))
 				break;
 			usleep(10000);
 		}
-		CHECK_EQ(pfd.revents, POLLIN | POLLOUT);
+		CHECK_EQ(pfd.revents, POLLIN | POLLOUT | POLLERR | POLLHUP);
 	}
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), -ECONNRESET);
 	CHECK_EQ(rsk_set_watch(b, 4), -EINVAL);
 	rsk_free(a);
 	rsk_free(b);
