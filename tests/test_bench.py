@@ -429,11 +429,38 @@ def test_provider_label_and_record(tmp_path: Path) -> None:
     assert rsock_case["label"] == "rsock(verbs)" and rsock_case["transport"] == "rsock"
     if rsock_case["status"] == "ok":  # a host with an RDMA device (or rxe)
         used = doc["env"]["rsock_providers_used"]
-        assert used == ["verbs"] or "WARNING: RSOCK_PROVIDER asks for verbs" in proc.stdout
+        assert used == ["verbs"] or "WARNING: rsock(verbs) asks for provider verbs" in proc.stdout
     else:  # no RDMA device here: the case fails and says why, the others still run
         assert proc.returncode == 1
         assert "FAILED rsock(verbs) pingpong 64 B [sync]" in proc.stdout
         assert doc["cases"][1]["status"] == "ok"
+
+
+def test_each_provider_in_one_run(tmp_path: Path) -> None:
+    """rsock:shm and rsock:verbs side by side in one run: a column and a ratio
+    column each, every worker told its provider; verbs works where a device
+    is (the guest), else its cases fail and say why and the rest still run."""
+    out = tmp_path / "b.json"
+    env = {k: v for k, v in os.environ.items() if k != "RSOCK_PROVIDER"}
+    proc = run_raw(
+        [*TINY, "--transport", "rsock:shm,rsock:verbs,tcp", "--api", "sync", "--tests",
+         "pingpong", "--timeout", "20", "--json", str(out)], env=env,
+    )  # fmt: skip
+    doc = json.loads(out.read_text())
+    header = proc.stdout.splitlines()[2]
+    assert header.split()[:5] == ["test", "[adaptive]", "rsock(shm)", "rsock(verbs)", "tcp"]
+    assert "rsock(shm) vs tcp" in header and "rsock(verbs) vs tcp" in header
+    by = {c["label"]: c for c in doc["cases"]}
+    assert by["rsock(shm)"]["status"] == "ok" and by["tcp"]["status"] == "ok", proc.stdout
+    assert by["rsock(shm)"]["client"]["provider"] == "shm"
+    assert by["rsock(shm)"]["transport"] == "rsock:shm"
+    verbs = by["rsock(verbs)"]
+    if verbs["status"] == "ok":
+        assert verbs["client"]["provider"] == "verbs", proc.stdout
+    else:
+        assert proc.returncode == 1
+        assert "FAILED rsock(verbs) pingpong 64 B [sync]" in proc.stdout
+    assert "WARNING" not in proc.stdout
 
 
 def test_ucxx_reference(tmp_path: Path) -> None:

@@ -84,7 +84,8 @@ else:  # `python rsock/bench/__init__.py`: the sibling modules are on sys.path[0
     import _progress  # type: ignore[import-not-found,no-redef]
 
 WORKER = Path(__file__).resolve().with_name("_worker.py")
-TRANSPORTS = ("rsock", "tcp", "unix", "ucxx")
+TRANSPORTS = ("rsock", "rsock:shm", "rsock:verbs", "tcp", "unix", "ucxx")
+RSOCK_PROVIDERS = ("shm", "verbs")
 TESTS = ("stream", "msgrate", "pingpong", "connrate", "idle")
 SYNC_ONLY_TESTS = ("connrate", "idle")
 UCXX_TESTS = ("pingpong",)  # what the optional ucxx reference runs (asyncio api)
@@ -203,8 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=parse_list(TRANSPORTS),
         default=None,
         metavar="LIST",
-        help="comma list of rsock,tcp,unix,ucxx (default rsock,tcp, plus ucxx when the "
-        "ucxx package is importable: a ping-pong reference on the asyncio api)",
+        help="comma list of rsock,rsock:shm,rsock:verbs,tcp,unix,ucxx: rsock uses "
+        "RSOCK_PROVIDER (default shm), rsock:P sets it to P for that transport (default "
+        "rsock,tcp, plus rsock:verbs when an RDMA device is usable and RSOCK_PROVIDER is "
+        "unset, plus ucxx when the ucxx package is importable: a ping-pong reference on "
+        "the asyncio api)",
     )
     ap.add_argument(
         "--api",
@@ -399,7 +403,13 @@ def parse_options(argv: list[str]) -> Options:
         ap.error("--loop uvloop: uvloop is not importable (pip install uvloop)")
     transports = a.transport
     if transports is None:
-        transports = ["rsock", "tcp", *(["ucxx"] if have_ucxx else [])]
+        verbs = not os.environ.get("RSOCK_PROVIDER") and verbs_usable()
+        transports = [
+            "rsock",
+            *(["rsock:verbs"] if verbs else []),
+            "tcp",
+            *(["ucxx"] if have_ucxx else []),
+        ]
     if "ucxx" in transports:
         if not have_ucxx:
             ap.error(
@@ -548,8 +558,27 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def is_rsock(transport: str) -> bool:
+    return transport == "rsock" or transport.startswith("rsock:")
+
+
+def wanted_provider(opts: Options, transport: str) -> str:
+    """The provider an rsock transport asks for: its own, else RSOCK_PROVIDER's."""
+    return transport.partition(":")[2] or opts.rsock_provider or "shm"
+
+
+def verbs_usable() -> bool:
+    """An RDMA device is there (libibverbs loads and lists one)."""
+    from rsock._socket import verbs_available
+
+    return verbs_available()[0] > 0
+
+
 def transport_label(opts: Options, transport: str) -> str:
-    """rsock(verbs) when RSOCK_PROVIDER asks for another provider than shm."""
+    """rsock(verbs) for rsock:verbs, or for rsock when RSOCK_PROVIDER asks for
+    another provider than shm."""
+    if transport.startswith("rsock:"):
+        return f"rsock({transport[6:]})"
     if transport == "rsock" and opts.rsock_provider not in ("", "shm"):
         return f"rsock({opts.rsock_provider})"
     return transport
@@ -562,9 +591,12 @@ def mode_text(opts: Options) -> str:
     return f"mode={opts.mode} (RSOCK_SPIN_US {spin} {micro()})"
 
 
-def worker_env(opts: Options) -> dict[str, str]:
-    """The workers' environment: RSOCK_SPIN_US as --mode says (both sides)."""
+def worker_env(opts: Options, transport: str = "") -> dict[str, str]:
+    """The workers' environment: RSOCK_SPIN_US as --mode says (both sides),
+    RSOCK_PROVIDER as an rsock:P transport says."""
     env = dict(os.environ)
+    if transport.startswith("rsock:"):
+        env["RSOCK_PROVIDER"] = transport[6:]
     if opts.mode == "env":
         return env
     env.pop("RSOCK_SPIN_US", None)
@@ -633,7 +665,7 @@ class Case:
 def worker_args(opts: Options, case: Case) -> list[str]:
     return [
         "--transport",
-        case.transport,
+        "rsock" if is_rsock(case.transport) else case.transport,
         "--test",
         case.test,
         "--size",
@@ -735,7 +767,7 @@ def run_case(opts: Options, case: Case, tick: Callable[[], None] | None = None) 
     tmp = Path(tempfile.mkdtemp(prefix="rsock-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
     killed = {"server": False, "client": False}
-    env = worker_env(opts)
+    env = worker_env(opts, case.transport)
     try:
         files = {n: tmp / n for n in ("server.out", "server.err", "client.out", "client.err")}
         base = [sys.executable, str(WORKER)]
@@ -875,7 +907,7 @@ def counters(case: Case) -> dict[str, Any] | None:
     stream, msgrate, pingpong: whole session (warm-up included); connrate: the last
     connection only (raw counts); idle: the change during the idle window, summed over
     all connections (raw counts, all 0 when nothing happens)."""
-    if case.transport != "rsock":
+    if not is_rsock(case.transport):
         return None
     out: dict[str, Any] = {}
     for side, result in (("client", case.client), ("server", case.server)):
@@ -1107,11 +1139,15 @@ def counters_line(case: Case) -> str | None:
     return f"  {label} counters {where}: " + "; ".join(sides)
 
 
-def comparison(transports: list[str]) -> tuple[str, str] | None:
+def comparison(transports: list[str]) -> list[tuple[str, str]]:
+    """(subject, baseline) of each ratio column: every rsock transport against
+    tcp (or the first other transport when there is no rsock one)."""
     if BASELINE not in transports or len(transports) < 2:
-        return None
-    subject = "rsock" if "rsock" in transports else next(t for t in transports if t != BASELINE)
-    return subject, BASELINE
+        return []
+    subjects = [t for t in transports if is_rsock(t)]
+    if not subjects:
+        subjects = [next(t for t in transports if t != BASELINE)]
+    return [(t, BASELINE) for t in subjects]
 
 
 def ratio_text(row: Row, a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -1128,7 +1164,7 @@ def providers_used(cases: list[Case]) -> list[str]:
         {
             str(side.get("provider"))
             for c in cases
-            if c.transport == "rsock"
+            if is_rsock(c.transport)
             for side in (c.client, c.server)
             if side.get("provider") is not None
         }
@@ -1149,11 +1185,11 @@ def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
         if loop == "uvloop":
             loop += f" {env.get('uvloop_version') or '?'}"
         parts.append(f"asyncio loop={loop}")
-    if "rsock" in opts.transports:
+    if any(map(is_rsock, opts.transports)):
         parts.append(mode_text(opts))
         requested = f" (RSOCK_PROVIDER={opts.rsock_provider})" if opts.rsock_provider else ""
         parts.append(f"rsock provider={','.join(providers) or 'n/a'}{requested}")
-        versions = {c.client.get("rsock_version") for c in cases if c.transport == "rsock"}
+        versions = {c.client.get("rsock_version") for c in cases if is_rsock(c.transport)}
         versions.discard(None)
         if versions:
             parts.append(f"rsock {','.join(sorted(map(str, versions)))}")
@@ -1167,10 +1203,10 @@ def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
 def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
     by_key = {(c.transport, c.api, c.test, c.size): c for c in cases}
     cmp = comparison(opts.transports)
+    rsock_ts = [t for t in opts.transports if is_rsock(t)]
     labels = [transport_label(opts, t) for t in opts.transports]
-    header = [f"test [{opts.mode}]" if "rsock" in opts.transports else "test", *labels]
-    if cmp:
-        header.append(f"{transport_label(opts, cmp[0])} vs {cmp[1]}")
+    header = [f"test [{opts.mode}]" if rsock_ts else "test", *labels]
+    header.extend(f"{transport_label(opts, x)} vs {y}" for x, y in cmp)
     table: list[list[str] | str] = []  # a str: a free line (counters), not in the columns
     for api in opts.apis:
         for test, size in plan_tests(opts, api):
@@ -1184,18 +1220,16 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
                         line.append(row.cell(c.summary))
                     else:
                         line.append(f"FAILED ({c.status})" if row.first else "-")
-                if cmp:
-                    a, b = (
-                        by_key.get((cmp[0], api, test, size)),
-                        by_key.get((cmp[1], api, test, size)),
-                    )
+                for x, y in cmp:
+                    a, b = by_key.get((x, api, test, size)), by_key.get((y, api, test, size))
                     ok = a is not None and b is not None and a.status == b.status == "ok"
                     line.append(ratio_text(row, a.summary, b.summary) if a and b and ok else "-")
                 table.append(line)
-            rsock_case = by_key.get(("rsock", api, test, size))
-            extra = counters_line(rsock_case) if rsock_case is not None else None
-            if extra:
-                table.append(extra)
+            for t in rsock_ts:
+                rsock_case = by_key.get((t, api, test, size))
+                extra = counters_line(rsock_case) if rsock_case is not None else None
+                if extra:
+                    table.append(extra)
     cells = [r for r in table if isinstance(r, list)]
     widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
 
@@ -1255,7 +1289,7 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
             f"process per second of idle time ({micro()}/s, lower is better; all threads); "
             "wake-ups = connections reported readable during the window (expected 0)."
         )
-    if "rsock" in opts.transports:
+    if rsock_ts:
         out.append(
             "rsock counters (sock.stats() of both sides): stalls = sends that waited for "
             "credits / for ring space, arms = notification arms, notifies = eventfd writes "
@@ -1278,16 +1312,21 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
             "server is a BufferedProtocol); tcp/unix: the loop's own create_server/"
             "create_connection, rsock: rsock.asyncio."
         )
-    if cmp:
+    for x, y in cmp:
+        xl = transport_label(opts, x)
         out.append(
-            f"'{cmp[0]} vs {cmp[1]}': how many times better {cmp[0]} is than {cmp[1]} on that "
+            f"'{xl} vs {y}': how many times better {xl} is than {y} on that "
             "row, same api and size (throughput and rates: higher is better; RTT and cpu: lower "
             "is better)."
         )
-    used = providers_used(cases)
-    wanted = opts.rsock_provider or "shm"
-    if "rsock" in opts.transports and used and used != [wanted]:
-        out.append(f"WARNING: RSOCK_PROVIDER asks for {wanted}, the workers used {','.join(used)}")
+    for t in rsock_ts:
+        used = providers_used([c for c in cases if c.transport == t])
+        wanted = wanted_provider(opts, t)
+        if used and used != [wanted]:
+            out.append(
+                f"WARNING: {transport_label(opts, t)} asks for provider {wanted}, "
+                f"the workers used {','.join(used)}"
+            )
     failed = [c for c in cases if c.status != "ok"]
     if failed:
         out.append("")
@@ -1348,7 +1387,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(opts)
     plan = case_plan(opts)
     bar = _progress.make(opts.progress, len(plan))
-    extra = f", {mode_text(opts)}" if "rsock" in opts.transports else ""
+    extra = f", {mode_text(opts)}" if any(map(is_rsock, opts.transports)) else ""
     bar.message(
         f"rsock.bench: {len(plan)} cases, {pin_text(opts)}{extra}{', quick' if opts.quick else ''}"
     )
@@ -1365,7 +1404,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bar.close()
     total = time.monotonic() - t0
-    env["rsock_providers_used"] = providers_used(cases) if "rsock" in opts.transports else None
+    env["rsock_providers_used"] = (
+        providers_used(cases) if any(map(is_rsock, opts.transports)) else None
+    )
     print(render(opts, env, cases), flush=True)
     bar.message(f"total {total:.1f} s")
     plot_failed = False
@@ -1408,7 +1449,7 @@ def plot_data(opts: Options, env: dict[str, Any], cases: list[Case]) -> _plot.Pl
     title = (
         f"rsock.bench {env['date']}, commit {env['git_commit'] or 'n/a'}: "
         f"{env['cpu_model']} x{env['cpu_count']}, Python {env['python']}\n{pin_text(opts)}"
-        + (f", {mode_text(opts)}" if "rsock" in opts.transports else "")
+        + (f", {mode_text(opts)}" if any(map(is_rsock, opts.transports)) else "")
         + (", quick" if opts.quick else "")
     )
     return _plot.PlotData(title, list(latency.values()), list(bandwidth.values()))

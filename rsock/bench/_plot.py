@@ -36,7 +36,14 @@ class PlotData:
     bandwidth: list[Series]  # stream GB/s median; low, high = min, max of the reps
 
 
-COLORS = {"rsock": "tab:blue", "tcp": "tab:orange", "unix": "tab:green", "ucxx": "tab:red"}
+COLORS = {
+    "rsock": "tab:blue",
+    "rsock:shm": "tab:cyan",
+    "rsock:verbs": "tab:purple",
+    "tcp": "tab:orange",
+    "unix": "tab:green",
+    "ucxx": "tab:red",
+}
 STYLES = {"sync": "-", "asyncio": "--"}
 MARKERS = {"sync": "o", "asyncio": "s"}
 
