@@ -705,6 +705,10 @@ class AsyncServer(asyncio.BufferedProtocol):
             self.got = got
             return
         self.got = 0
+        if self.left > 1 and self.stream:  # a stream message within a phase: check it
+            self.left -= 1
+            self.chk.check(self.rbuf, self.rv)  # counts, never raises
+            return
         try:
             self.completed()
         except Exception as exc:  # noqa: BLE001 - ends the session, reported by serve()
