@@ -234,6 +234,7 @@ static void t_credit_exhaustion(void)
 /* Byte space: a full ring blocks until half of it is consumed. */
 static void t_space_threshold(void)
 {
+	const size_t th = 4096 >> CREDIT_BYTES_SHIFT;
 	struct rsk_opts o = opts(4096, 64);
 	static uint8_t data[8192], buf[8192];
 	rsk_sock *a, *b;
@@ -244,13 +245,13 @@ static void t_space_threshold(void)
 	CHECK_EQ(rsk_send(b, data, 1, 0, 0), -EAGAIN);
 	CHECK_EQ(rsk_send(b, data, 1, 0, 30), -ETIMEDOUT);
 	CHECK(b->st.space_stalls > 0);
-	/* just under the threshold: no credit yet */
-	CHECK_EQ(rsk_recv(a, buf, 1023, 0, -1), 1023);
+	/* just under the threshold (ring >> CREDIT_BYTES_SHIFT): no credit yet */
+	CHECK_EQ(rsk_recv(a, buf, th - 1, 0, -1), (ssize_t)th - 1);
 	CHECK_EQ(rsk_send(b, data, 1, 0, 0), -EAGAIN);
-	/* one more byte crosses a quarter of the ring: credit for 1024 */
+	/* one more byte crosses it: credit for th bytes */
 	CHECK_EQ(rsk_recv(a, buf, 1, 0, -1), 1);
 	r = rsk_send(b, data, sizeof(data), 0, 0);
-	CHECK_EQ(r, 1024);
+	CHECK_EQ(r, (ssize_t)th);
 	rsk_free(a);
 	rsk_free(b);
 }
@@ -261,7 +262,9 @@ static void t_threshold_sizes(void)
 	uint32_t ring = 1 << 16;
 	struct rsk_opts o = opts(ring, 16);
 	static uint8_t data[1 << 16], buf[1 << 16];
-	size_t sizes[] = { ring / 2 - 1, ring / 2, ring / 2 + 1, ring - 1, ring };
+	size_t th = ring >> CREDIT_BYTES_SHIFT;
+	size_t sizes[] = { th - 1, th, th + 1, ring / 2 - 1, ring / 2, ring / 2 + 1,
+			   ring - 1, ring };
 	rsk_sock *a, *b;
 	size_t k;
 	int round;
@@ -316,7 +319,7 @@ static void t_ctrl_reserve(void)
 		CHECK_EQ(rsk_send(a, &c, 1, 0, 0), 1);
 	CHECK_EQ(rsk_send(a, &c, 1, 0, 0), -EAGAIN);
 	CHECK_EQ(a->s_limit - a->s_msgs, CREDIT_RESERVE);
-	/* consuming more than a quarter of a's ring makes a credit due: it
+	/* consuming more than half of a's ring makes a credit due: it
 	 * goes out on the reserve although data may not */
 	ctrl0 = a->st.tx_ctrl;
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), sizeof(buf));
