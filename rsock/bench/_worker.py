@@ -126,7 +126,11 @@ def cpu_seconds() -> float:
 def recv_exact(sock: StreamSocket, view: memoryview, n: int) -> None:
     if n <= 0:
         return
-    got = sock.recv_into(view, n)  # most often all of it: no slice
+    recv_rest(sock, view, n, sock.recv_into(view, n))  # most often all of it: no slice
+
+
+def recv_rest(sock: StreamSocket, view: memoryview, n: int, got: int) -> None:
+    """The rest of ``recv_exact`` after a first ``recv_into`` that returned ``got``."""
     if got == 0:
         raise ConnectionError(f"peer closed the connection after 0 of {n} bytes")
     while got < n:
@@ -483,8 +487,11 @@ def serve_stream(
                 chk.check_bulk(bbuf, n)
                 left -= n
             count = 1
+        recv_into = conn.recv_into
         for _ in range(count):
-            recv_exact(conn, rv, size)
+            got = recv_into(rv, size)  # most often the whole message at once
+            if got != size:
+                recv_rest(conn, rv, size, got)
             check(rbuf, rv)
         conn.sendall(chk.ack(rbuf))
         phases.append(chk.end())
@@ -863,8 +870,9 @@ class StreamClient:
         t0 = time.perf_counter_ns()
         conn.sendall(HDR.pack(MAGIC, FLAG_FULL_VERIFY if full else 0, count))
         if bad_at < 0:
+            sendall = conn.sendall
             for k in range(seq0, seq0 + count):
-                conn.sendall(wins[k % NWIN])
+                sendall(wins[k % NWIN])
         else:
             for i in range(count):
                 w = wins[(seq0 + i) % NWIN]
