@@ -106,17 +106,26 @@ static PyObject *fc_recv_into(PyObject *self, PyObject *const *args,
 	return PyLong_FromSsize_t(rc);
 }
 
-/* send(sock_addr, data, timeout_ms) -> rsk_send's result */
-static PyObject *fc_send(PyObject *self, PyObject *const *args,
-			 Py_ssize_t nargs)
+/* rsk_send on data; all: None when it took all of data */
+static PyObject *fc_send_common(PyObject *const *args, Py_ssize_t nargs,
+				const char *name, int all)
 {
 	ssize_t rc;
 	Py_ssize_t len;
 
-	(void)self;
-	if (fc_io(args, nargs, "send", PyBUF_SIMPLE, fn_send, 0, &rc, &len))
+	if (fc_io(args, nargs, name, PyBUF_SIMPLE, fn_send, 0, &rc, &len))
 		return NULL;
+	if (all && rc == len)
+		Py_RETURN_NONE;
 	return PyLong_FromSsize_t(rc);
+}
+
+/* send(sock_addr, data, timeout_ms) -> rsk_send's result */
+static PyObject *fc_send(PyObject *self, PyObject *const *args,
+			 Py_ssize_t nargs)
+{
+	(void)self;
+	return fc_send_common(args, nargs, "send", 0);
 }
 
 /* sendall(sock_addr, data, timeout_ms) -> None when rsk_send took all of
@@ -124,15 +133,8 @@ static PyObject *fc_send(PyObject *self, PyObject *const *args,
 static PyObject *fc_sendall(PyObject *self, PyObject *const *args,
 			    Py_ssize_t nargs)
 {
-	ssize_t rc;
-	Py_ssize_t len;
-
 	(void)self;
-	if (fc_io(args, nargs, "sendall", PyBUF_SIMPLE, fn_send, 0, &rc, &len))
-		return NULL;
-	if (rc == len)
-		Py_RETURN_NONE;
-	return PyLong_FromSsize_t(rc);
+	return fc_send_common(args, nargs, "sendall", 1);
 }
 
 /* bind(send_addr, recv_addr): the engine's entry points */
