@@ -510,12 +510,25 @@ def test_options_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sampled_check_sees_what_it_samples() -> None:
-    """The server's sampled check (head, tail and one BLOCK-byte block that
-    moves per message) passes the right messages, in any window, and fails a
+    """The server's sampled check (one BLOCK-byte block that moves per
+    message), both as ``check`` and as the sync server's inlined loop
+    ``recv_checked``, passes the right messages, in any window, and fails a
     message with one wrong byte at a sampled offset or a message of the wrong
     window; over nblk messages the blocks cover every byte offset."""
     sys.path.insert(0, str(ROOT))
     from rsock.bench._worker import NWIN, StreamChecker
+
+    class Feed:
+        """recv_into from a list of messages, in pieces of at most ``cut`` bytes."""
+
+        def __init__(self, msgs: list[bytes], cut: int) -> None:
+            self.data, self.pos, self.cut = b"".join(msgs), 0, cut
+
+        def recv_into(self, view: memoryview, n: int = 0) -> int:
+            n = min(n or len(view), self.cut, len(self.data) - self.pos)
+            view[:n] = self.data[self.pos : self.pos + n]
+            self.pos += n
+            return n
 
     for size in (65536, 100_000, 300):
         chk = StreamChecker(size)
@@ -525,10 +538,11 @@ def test_sampled_check_sees_what_it_samples() -> None:
         for off in chk.offs:
             covered[off : off + chk.blk] = b"\x01" * chk.blk
         assert covered == b"\x01" * size
+        rbuf = bytearray(size)
         for seq in range(3 * NWIN):
             good = bytearray(chk.wins[seq % NWIN])
             bad = bytearray(good)
-            off = [0, size - 1, chk.offs[seq % chk.nblk] + seq % chk.blk][seq % 3]
+            off = chk.offs[seq % chk.nblk] + [0, chk.blk - 1, seq % chk.blk][seq % 3]
             bad[off] ^= 0x40
             wrong = bytearray(chk.wins[(seq + 1) % NWIN])
             for buf, ok in ((good, True), (bad, False), (wrong, False)):
@@ -536,6 +550,19 @@ def test_sampled_check_sees_what_it_samples() -> None:
                 chk.check(buf, memoryview(buf))
                 assert chk.nbad == (0 if ok else 1), (size, seq, ok, off)
                 assert chk.seq == seq + 1
+                # the same message through the inlined loop, between two good
+                # ones, read whole or in pieces
+                msgs = [
+                    bytes(chk.wins[(seq - 1) % NWIN]),
+                    bytes(buf),
+                    bytes(chk.wins[(seq + 1) % NWIN]),
+                ]
+                for cut in (size, 4096):
+                    chk.seq, chk.nbad, chk.first_bad_seq = seq - 1, 0, -1
+                    chk.recv_checked(Feed(msgs, cut), rbuf, memoryview(rbuf), 3)  # type: ignore[arg-type]
+                    assert chk.nbad == (0 if ok else 1), (size, seq, ok, off, cut)
+                    assert chk.first_bad_seq == (-1 if ok else seq)
+                    assert chk.seq == seq + 2
 
 
 def test_bulk_check_sees_every_byte() -> None:
@@ -568,4 +595,7 @@ def test_bulk_check_sees_every_byte() -> None:
             assert chk.nbad == 0
         else:
             assert (chk.nbad, chk.first_bad_seq, chk.first_bad_off) == (
-                1, flip // size, flip % size), flip
+                1,
+                flip // size,
+                flip % size,
+            ), flip

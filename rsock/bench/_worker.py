@@ -268,10 +268,8 @@ class StreamChecker:
         self.size = size
         self.pat = pattern(size)
         self.wins = windows(self.pat, size)
-        # sampled check, no allocation per message: precomputed head and tail of
-        # every window and the patterns of every block position
-        self.heads = [bytes(w[:16]) for w in self.wins]
-        self.tails = [bytes(w[-16:]) for w in self.wins]
+        # sampled check, no allocation per message: one BLOCK-byte block, its
+        # expected bytes sliced from the pattern once and kept
         self.blk = min(BLOCK, size)
         self.nblk = -(-size // self.blk)  # the last block ends flush with the message
         self.blocks = _Slices(self.pat, self.blk)  # pattern offset -> block, made once
@@ -310,19 +308,40 @@ class StreamChecker:
         if self.full:
             ok = rbuf == self.wins[w]
         else:
-            # head, tail and one BLOCK-byte block, by three C calls and no
-            # allocation (startswith compares in place), the block a different
-            # one each message; what the check costs is the same for every
-            # transport but weighs more on the faster one, so it is kept small
+            # one BLOCK-byte block, a different one each message, by one C call
+            # and no allocation (startswith compares in place): what the check
+            # costs is the same for every transport but weighs more on the
+            # faster one, so it is kept to one call (~0.2 µs here; head + tail +
+            # block took three and ~1.2 µs with the method call, a fifth of the
+            # time rsock takes for a 64 KiB message)
             off = self.offs[seq % self.nblk]
-            ok = (
-                rbuf.startswith(self.heads[w])
-                and rbuf.endswith(self.tails[w])
-                and rbuf.startswith(self.blocks[w * STEP + off], off)
-            )
+            ok = rbuf.startswith(self.blocks[w * STEP + off], off)
         if not ok:
             self.bad(seq, first_difference(rv, self.wins[w]))
         self.seq = seq + 1
+
+    def recv_checked(self, conn: StreamSocket, rbuf: bytearray, rv: memoryview, count: int) -> None:
+        """The sync server's loop: ``count`` messages, each read whole into
+        ``rbuf`` and checked; ``check`` inlined when sampled."""
+        size, recv_into = self.size, conn.recv_into
+        if self.full:
+            check = self.check
+            for _ in range(count):
+                got = recv_into(rv, size)
+                if got != size:
+                    recv_rest(conn, rv, size, got)
+                check(rbuf, rv)
+            return
+        startswith, offs, nblk, blocks = rbuf.startswith, self.offs, self.nblk, self.blocks
+        seq0 = self.seq
+        for seq in range(seq0, seq0 + count):
+            got = recv_into(rv, size)  # most often the whole message at once
+            if got != size:
+                recv_rest(conn, rv, size, got)
+            off = offs[seq % nblk]
+            if not startswith(blocks[seq % NWIN * STEP + off], off):
+                self.bad(seq, first_difference(rv, self.wins[seq % NWIN]))
+        self.seq = seq0 + count
 
     def bad(self, seq: int, off: int) -> None:
         if not self.nbad:
@@ -464,7 +483,6 @@ def serve_stream(
     (``bulk``) reads of whatever has arrived, up to BULK bytes, all but the
     last message checked chunk by chunk and the last one as a message."""
     chk = StreamChecker(size)
-    check = chk.check
     rbuf = bytearray(size)
     rv = memoryview(rbuf)
     hbuf = memoryview(bytearray(HDR.size))
@@ -487,12 +505,7 @@ def serve_stream(
                 chk.check_bulk(bbuf, n)
                 left -= n
             count = 1
-        recv_into = conn.recv_into
-        for _ in range(count):
-            got = recv_into(rv, size)  # most often the whole message at once
-            if got != size:
-                recv_rest(conn, rv, size, got)
-            check(rbuf, rv)
+        chk.recv_checked(conn, rbuf, rv, count)
         conn.sendall(chk.ack(rbuf))
         phases.append(chk.end())
 
