@@ -168,6 +168,48 @@ def test_corrupt_data_fails_verification(tmp_path: Path, fault: str, api: str, t
     assert "FAILED (verify)" in text
 
 
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
+def test_transports_take_turns(tmp_path: Path, api: str) -> None:
+    """Interleaved (the default): the stream and msgrate phases of the
+    transports of one size alternate and never overlap in time; with
+    --sequential each case's phases come in one block."""
+    args = ["--transport", "rsock,tcp,unix", "--tests", "stream,msgrate", "--api", api]
+    for extra, interleaved in (([], True), (["--sequential"], False)):
+        rc, text, doc = bench(tmp_path, *args, "--reps", "2", *extra)
+        assert rc == 0, text
+        assert doc["config"]["interleave"] is interleaved
+        assert ("(interleaved)" in text) is interleaved
+        for test in ("stream", "msgrate"):
+            spans = sorted(
+                (*ph["mono_ns"], c["transport"])
+                for c in doc["cases"]
+                if c["test"] == test
+                for ph in c["client"]["phases"]
+            )
+            order = [t for _, _, t in spans]
+            assert len(order) == 3 * 4  # warm-up, calibration, 2 reps each
+            for (_, end, _), (start, _, _) in zip(spans, spans[1:], strict=False):
+                assert end <= start, spans  # one transport moves data at a time
+            if interleaved:
+                assert order == ["rsock", "tcp", "unix"] * 4, order
+            else:
+                assert order == ["rsock"] * 4 + ["tcp"] * 4 + ["unix"] * 4, order
+
+
+def test_hung_client_in_a_group_times_out(tmp_path: Path) -> None:
+    """A client that never takes its turn fails its own case by the timeout
+    and the group's other cases still end (here all hang: all time out)."""
+    rc, text, doc = bench(
+        tmp_path, "--transport", "tcp,unix", "--tests", "stream", "--api", "sync",
+        "--fault", "hang", "--timeout", "1",
+    )  # fmt: skip
+    assert rc == 1, text
+    assert [(c["transport"], c["status"]) for c in doc["cases"]] == [
+        ("tcp", "timeout"),
+        ("unix", "timeout"),
+    ]
+
+
 def test_hung_peer_times_out_and_others_still_run(tmp_path: Path) -> None:
     rc, text, doc = bench(
         tmp_path, "--transport", "tcp", "--tests", "pingpong", "--fault", "hang", "--timeout", "2"

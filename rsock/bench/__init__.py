@@ -3,6 +3,10 @@
 Every case (transport x test x size) runs a server and a client in two fresh processes
 (``_worker.py``, started by path so that only the rsock case imports ``rsock``), pinned
 as ``--pin`` says.  The parent only starts them, enforces the timeout and reports.
+The stream and msgrate cases of one size run interleaved: every transport's pair is
+up at once and their clients take turns, phase by phase (warm-up, calibration, each
+repetition), so a drift of the machine's speed falls on all transports alike
+(``--sequential``: one case after the other).
 
 Tests:
 
@@ -67,6 +71,7 @@ import math
 import os
 import platform
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -189,6 +194,7 @@ class Options:
     plot_path: str | None = None
     progress: str = "auto"
     rsock_provider: str = ""  # RSOCK_PROVIDER of this run ("" = unset: shm)
+    interleave: bool = True  # stream/msgrate: the transports' phases in turn (run_group)
     cpus: tuple[int, int] = (-1, -1)  # (server, client); -1 = not pinned
 
 
@@ -322,6 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--reps", type=int, default=None, help="stream repetitions (default 5, --quick 3)"
+    )
+    ap.add_argument(
+        "--sequential",
+        dest="interleave",
+        action="store_false",
+        help="run each transport's stream/msgrate case to the end before the next one "
+        "starts (default: all transports' worker pairs are up at once and take turns, "
+        "phase by phase, so a drift of the machine's speed falls on all of them alike)",
     )
     ap.add_argument(
         "--rep-time",
@@ -465,6 +479,7 @@ def parse_options(argv: list[str]) -> Options:
         plot_path=a.plot_path,
         progress=a.progress,
         rsock_provider=os.environ.get("RSOCK_PROVIDER", ""),
+        interleave=a.interleave,
     )
     if opts.reps < 1 or opts.rounds < 1 or opts.rep_time <= 0 or opts.timeout <= 0:
         ap.error("--reps and --rounds must be >= 1, --rep-time and --timeout > 0")
@@ -674,8 +689,6 @@ def worker_args(opts: Options, case: Case) -> list[str]:
         case.api,
         "--loop",
         case.loop or "asyncio",
-        "--timeout",
-        str(opts.timeout),
         "--idle-time",
         str(opts.idle_time),
         "--msgrate-recv",
@@ -761,79 +774,169 @@ def stop(
     return True
 
 
-def run_case(opts: Options, case: Case, tick: Callable[[], None] | None = None) -> None:
+@dataclass
+class Launched:
+    """One case's worker pair, started; ``finish`` collects it."""
+
+    case: Case
+    tmp: Path
+    files: dict[str, Path]
+    start: float
+    deadline: float
+    server: subprocess.Popen[bytes]
+    client: subprocess.Popen[bytes] | None = None
+    go_w: int = -1  # interleaved: the go pipe's write end, the done pipe's read end
+    done_r: int = -1
+
+
+def launch(opts: Options, case: Case, gated: bool = False, span: int = 1) -> Launched:
+    """Start the server, wait for it, start the client.
+
+    ``gated``: the client waits for a go byte before each phase and answers
+    with a done byte (``Gate``); ``span`` cases share the time, so the
+    workers' own timeout and the deadline scale with it."""
     start = time.monotonic()
-    deadline = start + opts.timeout + 10.0  # the workers stop themselves at opts.timeout
+    timeout = opts.timeout * span
+    deadline = start + timeout + 10.0  # the workers stop themselves at timeout
     tmp = Path(tempfile.mkdtemp(prefix="rsock-bench-"))
-    procs: list[subprocess.Popen[bytes]] = []
-    killed = {"server": False, "client": False}
     env = worker_env(opts, case.transport)
+    files = {n: tmp / n for n in ("server.out", "server.err", "client.out", "client.err")}
+    base = [sys.executable, str(WORKER)]
+    args = [*worker_args(opts, case), "--timeout", str(timeout)]
+    addr = str(tmp / "sock") if case.transport == "unix" else ""
+    with open(files["server.out"], "wb") as so, open(files["server.err"], "wb") as se:
+        server = subprocess.Popen(
+            [*base, "serve", *args, "--cpu", str(opts.cpus[0]), "--addr", addr],
+            stdin=subprocess.DEVNULL,
+            stdout=so,
+            stderr=se,
+            env=env,
+        )
+    run = Launched(case, tmp, files, start, deadline, server)
+    ready = wait_ready(server, files["server.out"], deadline)
+    if ready is None:
+        return run
+    gate: list[str] = []
+    child_fds: tuple[int, ...] = ()
+    if gated:
+        go_r, run.go_w = os.pipe()
+        run.done_r, done_w = os.pipe()
+        child_fds = (go_r, done_w)
+        gate = ["--gate", f"{go_r},{done_w}"]
     try:
-        files = {n: tmp / n for n in ("server.out", "server.err", "client.out", "client.err")}
-        base = [sys.executable, str(WORKER)]
-        addr = str(tmp / "sock") if case.transport == "unix" else ""
-        with open(files["server.out"], "wb") as so, open(files["server.err"], "wb") as se:
-            server = subprocess.Popen(
+        with open(files["client.out"], "wb") as co, open(files["client.err"], "wb") as ce:
+            run.client = subprocess.Popen(
                 [
                     *base,
-                    "serve",
-                    *worker_args(opts, case),
+                    "client",
+                    *args,
                     "--cpu",
-                    str(opts.cpus[0]),
+                    str(opts.cpus[1]),
                     "--addr",
-                    addr,
+                    ready,
+                    *client_args(opts, case),
+                    *gate,
                 ],
                 stdin=subprocess.DEVNULL,
-                stdout=so,
-                stderr=se,
+                stdout=co,
+                stderr=ce,
                 env=env,
+                pass_fds=child_fds,
             )
-        procs.append(server)
-        ready = wait_ready(server, files["server.out"], deadline)
-        if ready is not None:
-            with open(files["client.out"], "wb") as co, open(files["client.err"], "wb") as ce:
-                client = subprocess.Popen(
-                    [
-                        *base,
-                        "client",
-                        *worker_args(opts, case),
-                        "--cpu",
-                        str(opts.cpus[1]),
-                        "--addr",
-                        ready,
-                        *client_args(opts, case),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=co,
-                    stderr=ce,
-                    env=env,
-                )
-            procs.append(client)
-            killed["client"] = stop(client, deadline - time.monotonic(), tick)
-            grace = 10.0 if client.returncode == 0 else 2.0
-            killed["server"] = stop(server, min(grace, deadline - time.monotonic()))
+    finally:
+        for fd in child_fds:  # the client's ends: its exit is then our EOF
+            os.close(fd)
+    return run
+
+
+def finish(opts: Options, run: Launched, tick: Callable[[], None] | None = None) -> None:
+    """Wait for (or kill) the workers of ``launch``, read and judge their results."""
+    case = run.case
+    killed = {"server": False, "client": False}
+    try:
+        for fd in (run.go_w, run.done_r):
+            if fd >= 0:
+                os.close(fd)
+        run.go_w = run.done_r = -1
+        if run.client is not None:
+            killed["client"] = stop(run.client, run.deadline - time.monotonic(), tick)
+            grace = 10.0 if run.client.returncode == 0 else 2.0
+            killed["server"] = stop(run.server, min(grace, run.deadline - time.monotonic()))
         else:
-            killed["server"] = stop(server, 0.0 if server.poll() is None else 1.0)
+            killed["server"] = stop(run.server, 0.0 if run.server.poll() is None else 1.0)
+        files = run.files
         case.server = read_result(files["server.out"]) or {}
         case.server_stderr = files["server.err"].read_bytes().decode(errors="replace")
-        if ready is not None:
+        if run.client is not None:
             case.client = read_result(files["client.out"]) or {}
             case.client_stderr = files["client.err"].read_bytes().decode(errors="replace")
-        classify(case, ready is not None, killed)
+        classify(case, run.client is not None, killed)
     except Exception as exc:  # noqa: BLE001 - one broken case must not stop the others
         case.status, case.error = "error", f"bench harness: {type(exc).__name__}: {exc}"
     finally:
-        for p in procs:
-            if p.poll() is None:
+        for p in (run.server, run.client):
+            if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-        case.seconds = time.monotonic() - start
+        shutil.rmtree(run.tmp, ignore_errors=True)
+        case.seconds = time.monotonic() - run.start
     if case.status == "ok":
         try:
             case.summary = summarize(case)
         except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
             case.status, case.error = "error", f"incomplete results: {exc!r}"
+
+
+def run_case(opts: Options, case: Case, tick: Callable[[], None] | None = None) -> None:
+    try:
+        run = launch(opts, case)
+    except Exception as exc:  # noqa: BLE001 - one broken case must not stop the others
+        case.status, case.error = "error", f"bench harness: {type(exc).__name__}: {exc}"
+        return
+    finish(opts, run, tick)
+
+
+def take_turn(run: Launched, tick: Callable[[], None] | None) -> bool:
+    """Let ``run``'s client do its next phase and wait until it has.
+
+    False when it has no more phases (it closed the done pipe: finished or
+    died) or missed its deadline; ``finish`` then judges it."""
+    try:
+        os.write(run.go_w, b"g")
+    except BrokenPipeError:
+        return False
+    while True:
+        left = run.deadline - time.monotonic()
+        if left <= 0:
+            return False
+        r, _, _ = select.select([run.done_r], [], [], min(left, 0.25))
+        if r:
+            return bool(os.read(run.done_r, 1))
+        if tick is not None:
+            tick()
+
+
+def run_group(opts: Options, cases: list[Case], tick: Callable[[], None] | None = None) -> None:
+    """The cases of one test and size, one per transport, phase by phase in turn.
+
+    Every worker pair is up at once, but only one moves data: the others wait
+    for their turn (blocked in a read, no CPU).  A drift of the machine's speed
+    during the run (other guests on the host) then falls on every transport
+    alike instead of on whichever ran during it, and the ratios compare phases
+    taken seconds, not minutes, apart."""
+    runs: list[Launched] = []
+    try:
+        for case in cases:
+            try:
+                runs.append(launch(opts, case, gated=True, span=len(cases)))
+            except Exception as exc:  # noqa: BLE001 - as in run_case
+                case.status, case.error = "error", f"bench harness: {type(exc).__name__}: {exc}"
+        turn = [r for r in runs if r.client is not None]
+        while turn:
+            turn = [r for r in turn if take_turn(r, tick)]
+    finally:
+        for r in runs:
+            finish(opts, r, tick)
 
 
 def stderr_tail(text: str, lines: int = 6) -> str:
@@ -1253,7 +1356,12 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
         out.append(
             "GB/s = 10^9 bytes/s, client-timed from first send to ack, median [min-max] of "
             f"{opts.reps} reps of ~{opts.rep_time:g} s; verify={opts.verify} "
-            "(warm-up: every byte)."
+            "(warm-up: every byte); "
+            + (
+                "the transports' reps in turn (interleaved)."
+                if opts.interleave
+                else "each transport's reps in one go (--sequential)."
+            )
         )
     if "msgrate" in tests:
         out.append(
@@ -1364,6 +1472,30 @@ def case_plan(opts: Options) -> list[tuple[str, str, str, int]]:
     ]
 
 
+INTERLEAVED = ("stream", "msgrate")  # the tests whose clients take turns (Gate)
+
+
+def case_groups(
+    opts: Options, plan: list[tuple[str, str, str, int]]
+) -> list[list[tuple[str, str, str, int]]]:
+    """The plan cut into what runs together: the transports of one interleaved
+    (api, test, size), else one case at a time, in the plan's order."""
+    groups: list[list[tuple[str, str, str, int]]] = []
+    for item in plan:
+        _, api, test, size = item
+        prev = groups[-1][-1] if groups else None
+        if (
+            opts.interleave
+            and test in INTERLEAVED
+            and prev is not None
+            and prev[1:] == (api, test, size)
+        ):
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
 def progress(case: Case) -> str:
     s = case.summary
     if case.status != "ok":
@@ -1394,13 +1526,24 @@ def main(argv: list[str] | None = None) -> int:
     cases: list[Case] = []
     t0 = time.monotonic()
     try:
-        for i, (transport, api, test, size) in enumerate(plan, 1):
-            case = Case(transport, test, size, api, opts.loop if api == "asyncio" else "")
-            case.label = transport_label(opts, transport)
-            bar.start(i, case.name)
-            run_case(opts, case, bar.tick)
-            bar.done(f"{progress(case)} ({case.seconds:.1f} s)")
-            cases.append(case)
+        for group in case_groups(opts, plan):
+            first = len(cases) + 1
+            for transport, api, test, size in group:
+                case = Case(transport, test, size, api, opts.loop if api == "asyncio" else "")
+                case.label = transport_label(opts, transport)
+                cases.append(case)
+            batch = cases[first - 1 :]
+            if len(batch) == 1:
+                bar.start(first, batch[0].name)
+                run_case(opts, batch[0], bar.tick)
+            else:
+                names = " | ".join(c.label or c.transport for c in batch)
+                bar.start(first, f"{batch[0].name} with {names} in turn")
+                run_group(opts, batch, bar.tick)
+            for i, case in enumerate(batch, first):
+                if i > first:
+                    bar.start(i, case.name)
+                bar.done(f"{progress(case)} ({case.seconds:.1f} s)")
     finally:
         bar.close()
     total = time.monotonic() - t0

@@ -983,12 +983,39 @@ def next_stream_phase(
     return "rep", min(max(4, round(rate * args.rep_time / size)), 10**8), full
 
 
+class Gate:
+    """Turns between the transports of one interleaved group (``--gate R,W``):
+    before each phase the client waits for the orchestrator's go byte on fd R,
+    after it says done with a byte on fd W, so the phases of rsock and TCP
+    alternate in time and share whatever the machine does meanwhile.  Without
+    ``--gate`` both calls do nothing."""
+
+    def __init__(self, spec: str) -> None:
+        self.rfd = self.wfd = -1
+        if spec:
+            r, w = spec.split(",")
+            self.rfd, self.wfd = int(r), int(w)
+
+    def wait(self) -> None:
+        if self.rfd >= 0 and not os.read(self.rfd, 1):
+            raise ConnectionError("bench gate: the orchestrator went away")
+
+    def done(self) -> None:
+        if self.wfd >= 0:
+            os.write(self.wfd, b"d")
+
+
 def client_stream(conn: StreamSocket, args: argparse.Namespace) -> dict[str, Any]:
     cl = StreamClient(args.size, args.fault)
+    gate = Gate(args.gate)
     phases: list[dict[str, Any]] = []
     while (nxt := next_stream_phase(args, phases)) is not None:
         kind, count, full = nxt
+        gate.wait()
+        m0 = time.monotonic_ns()
         phases.append(cl.phase(conn, count, full, kind))
+        phases[-1]["mono_ns"] = [m0, time.monotonic_ns()]  # when, on the shared clock
+        gate.done()
     end_session(conn)
     return {"ok": True, "phases": phases}
 
@@ -1196,10 +1223,15 @@ class AsyncClient(asyncio.BufferedProtocol):
 
 async def aclient_stream(proto: AsyncClient, args: argparse.Namespace) -> dict[str, Any]:
     cl = StreamClient(args.size, args.fault)
+    gate = Gate(args.gate)
     phases: list[dict[str, Any]] = []
     while (nxt := next_stream_phase(args, phases)) is not None:
         kind, count, full = nxt
+        gate.wait()  # blocks the loop: nothing of this session is in flight between phases
+        m0 = time.monotonic_ns()
         phases.append(await cl.aphase(proto, count, full, kind))
+        phases[-1]["mono_ns"] = [m0, time.monotonic_ns()]
+        gate.done()
     await aend_session(proto)
     return {"ok": True, "phases": phases}
 
@@ -1441,6 +1473,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--warmup-rounds", type=int, default=2000)
     ap.add_argument("--fault", choices=("", "flip", "stale", "hang"), default="")
     ap.add_argument("--msgrate-recv", choices=("bulk", "message"), default="bulk")
+    ap.add_argument("--gate", default="", help="R,W: fds of an interleaved group (Gate)")
     return ap.parse_args(argv)
 
 
