@@ -97,6 +97,11 @@ _NB_FAILED = 2  # failed: SO_ERROR (once), then the next connect() reports it
 _NB_RETRY = 3  # the listener's backlog was full: retried by connect()/SO_ERROR
 
 
+# the default ring of a verbs connection whose size nobody chose: its rings
+# are registered (pinned) memory, so it keeps the smaller size; shm rings
+# (the engine's default, 8 MiB) are touched lazily and never pinned
+VERBS_RING_SIZE = 4 << 20
+
 # _connect's answer when no rsock listener took the connection and plain
 # TCP should be tried (a positive value: never an engine result)
 _FALLBACK = 1 << 30
@@ -352,6 +357,7 @@ class _Core:
         "nb",
         "nb_dst",
         "bufreq",
+        "ring_set",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
@@ -371,6 +377,7 @@ class _Core:
         self.nb_dst: tuple[Any, ...] | None = None
         # ring sizes asked for with SO_RCVBUF / SO_SNDBUF (0: not set)
         self.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
+        self.ring_set = False  # ring size chosen (RSOCK_RING_SIZE, SO_RCVBUF/SNDBUF)
 
     def acquire(self) -> None:
         with self.lock:
@@ -436,6 +443,7 @@ class socket:
             tcp.close()
             raise
         self._core = _Core(h, tcp)
+        self._core.ring_set = bool(os.environ.get("RSOCK_RING_SIZE"))
         self._h = h
         rc = _ll.set_opts(h, opts)
         if rc < 0:
@@ -733,6 +741,7 @@ class socket:
             if level == SOL_RSOCK:
                 self._set_rsock_opt(h, core, optname, v)
             elif not core.connected:
+                core.ring_set = True
                 core.bufreq[optname] = ring_for_bufsize(v)
                 ring = max(core.bufreq.values())
                 rc = _ll.set_opts(h, dataclasses.replace(_ll.get_opts(h), ring_size=ring))
@@ -761,6 +770,7 @@ class socket:
             raise _ll.oserror(rc)
         if optname == RSOCK_RING_SIZE:
             core.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
+            core.ring_set = True
 
     def getsockopt(self, level: int, optname: int, buflen: int | None = None, /) -> Any:
         """``socket.getsockopt``; ``SO_RCVBUF``/``SO_SNDBUF`` report the ring
@@ -984,6 +994,12 @@ class socket:
         them too (bounded: 10 s)."""
         vfam, vhost = _verbs_target(self._family, str(dst[0]))
         vdst = (vhost, *dst[1:]) if vfam == self._family else (vhost, dst[1])
+        if not core.ring_set:  # registered memory is pinned: the smaller default
+            o = _ll.get_opts(h)
+            if o.ring_size != VERBS_RING_SIZE:
+                rc = _ll.set_opts(h, dataclasses.replace(o, ring_size=VERBS_RING_SIZE))
+                if rc < 0:
+                    return rc
         flags = 0
         if vhost != dst[0]:  # loopback, mapped: the server shows it as such
             six = self._family == _std.AF_INET6 and ":" in str(dst[0])

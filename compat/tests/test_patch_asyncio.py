@@ -264,7 +264,7 @@ def test_connect_accepted_socket(patched: None, run: Any, tls: bool) -> None:
 def test_sock_methods(patched: None, run: Any) -> None:
     """sock_accept/sock_recv/sock_recv_into wait for readability, which rsock's
     fd reports; sock_connect and sock_sendall are routed (they would wait
-    for writability).  12 MiB through a 4 MiB ring, with a concurrent
+    for writability).  12 MiB through an 8 MiB ring, with a concurrent
     sock_recv on the sending socket."""
     size = 12 << 20
     before = _patch.counters()
