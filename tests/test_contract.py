@@ -947,6 +947,40 @@ def test_rsock_listener_options() -> None:
                 assert conn.rsock_opts()["inline_max"] == 64
 
 
+@pytest.mark.parametrize("chosen", [None, "env", "setsockopt", "SO_RCVBUF"])
+def test_rsock_default_ring_by_provider(
+    monkeypatch: pytest.MonkeyPatch, chosen: str | None
+) -> None:
+    """Nobody chose a size: 8 MiB rings on shm, 4 MiB on verbs (pinned
+    memory); a size chosen by RSOCK_RING_SIZE, SOL_RSOCK or SO_RCVBUF is
+    kept on either provider, on both ends."""
+    import rsock
+
+    monkeypatch.delenv("RSOCK_RING_SIZE", raising=False)
+    if chosen == "env":
+        monkeypatch.setenv("RSOCK_RING_SIZE", str(1 << 21))
+    with rsock.socket() as lst:
+        lst.settimeout(20)
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(1)
+        with rsock.socket() as client:
+            client.settimeout(20)
+            if chosen == "setsockopt":
+                client.setsockopt(rsock.SOL_RSOCK, rsock.RSOCK_RING_SIZE, 1 << 21)
+            elif chosen == "SO_RCVBUF":
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # doubled
+            client.connect(lst.getsockname())
+            conn, _ = lst.accept()
+            with conn:
+                want = (
+                    (4 << 20 if client.provider == "verbs" else 8 << 20) if not chosen else 2 << 20
+                )
+                assert client.provider in ("shm", "verbs")
+                for s in (client, conn):
+                    assert s.rsock_opts()["ring_size"] == want, (chosen, client.provider)
+                    assert s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == want
+
+
 def test_rsock_bufsize_rule() -> None:
     import rsock
     from rsock._socket import ring_for_bufsize
