@@ -804,18 +804,33 @@ def launch(opts: Options, case: Case, gated: bool = False, span: int = 1) -> Lau
     base = [sys.executable, str(WORKER)]
     args = [*worker_args(opts, case), "--timeout", str(timeout)]
     addr = str(tmp / "sock") if case.transport == "unix" else ""
-    with open(files["server.out"], "wb") as so, open(files["server.err"], "wb") as se:
-        server = subprocess.Popen(
-            [*base, "serve", *args, "--cpu", str(opts.cpus[0]), "--addr", addr],
-            stdin=subprocess.DEVNULL,
-            stdout=so,
-            stderr=se,
-            env=env,
-        )
+    try:
+        with open(files["server.out"], "wb") as so, open(files["server.err"], "wb") as se:
+            server = subprocess.Popen(
+                [*base, "serve", *args, "--cpu", str(opts.cpus[0]), "--addr", addr],
+                stdin=subprocess.DEVNULL,
+                stdout=so,
+                stderr=se,
+                env=env,
+            )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     run = Launched(case, tmp, files, start, deadline, server)
-    ready = wait_ready(server, files["server.out"], deadline)
+    try:
+        start_client(opts, run, args, gated)
+    except BaseException:
+        abandon(run)
+        raise
+    return run
+
+
+def start_client(opts: Options, run: Launched, args: list[str], gated: bool) -> None:
+    """``launch``'s second half: the client, once the server is ready."""
+    case, files = run.case, run.files
+    ready = wait_ready(run.server, files["server.out"], run.deadline)
     if ready is None:
-        return run
+        return
     gate: list[str] = []
     child_fds: tuple[int, ...] = ()
     if gated:
@@ -827,7 +842,8 @@ def launch(opts: Options, case: Case, gated: bool = False, span: int = 1) -> Lau
         with open(files["client.out"], "wb") as co, open(files["client.err"], "wb") as ce:
             run.client = subprocess.Popen(
                 [
-                    *base,
+                    sys.executable,
+                    str(WORKER),
                     "client",
                     *args,
                     "--cpu",
@@ -840,13 +856,25 @@ def launch(opts: Options, case: Case, gated: bool = False, span: int = 1) -> Lau
                 stdin=subprocess.DEVNULL,
                 stdout=co,
                 stderr=ce,
-                env=env,
+                env=worker_env(opts, case.transport),
                 pass_fds=child_fds,
             )
     finally:
         for fd in child_fds:  # the client's ends: its exit is then our EOF
             os.close(fd)
-    return run
+
+
+def abandon(run: Launched) -> None:
+    """Undo a ``launch`` that failed half-way: close, kill, remove."""
+    for fd in (run.go_w, run.done_r):
+        if fd >= 0:
+            os.close(fd)
+    run.go_w = run.done_r = -1
+    for p in (run.server, run.client):
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+    shutil.rmtree(run.tmp, ignore_errors=True)
 
 
 def finish(opts: Options, run: Launched, tick: Callable[[], None] | None = None) -> None:
@@ -854,7 +882,7 @@ def finish(opts: Options, run: Launched, tick: Callable[[], None] | None = None)
     case = run.case
     killed = {"server": False, "client": False}
     try:
-        for fd in (run.go_w, run.done_r):
+        for fd in (run.go_w, run.done_r):  # a client still at the gate sees EOF: ends
             if fd >= 0:
                 os.close(fd)
         run.go_w = run.done_r = -1
@@ -874,11 +902,7 @@ def finish(opts: Options, run: Launched, tick: Callable[[], None] | None = None)
     except Exception as exc:  # noqa: BLE001 - one broken case must not stop the others
         case.status, case.error = "error", f"bench harness: {type(exc).__name__}: {exc}"
     finally:
-        for p in (run.server, run.client):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(run.tmp, ignore_errors=True)
+        abandon(run)  # whatever still runs: killed
         case.seconds = time.monotonic() - run.start
     if case.status == "ok":
         try:
