@@ -864,12 +864,17 @@ def start_client(opts: Options, run: Launched, args: list[str], gated: bool) -> 
             os.close(fd)
 
 
-def abandon(run: Launched) -> None:
-    """Undo a ``launch`` that failed half-way: close, kill, remove."""
+def close_gate(run: Launched) -> None:
+    """Our ends of the gate pipes: a client still waiting for its turn sees EOF."""
     for fd in (run.go_w, run.done_r):
         if fd >= 0:
             os.close(fd)
     run.go_w = run.done_r = -1
+
+
+def abandon(run: Launched) -> None:
+    """Undo a ``launch`` that failed half-way: close, kill, remove."""
+    close_gate(run)
     for p in (run.server, run.client):
         if p is not None and p.poll() is None:
             p.kill()
@@ -882,10 +887,7 @@ def finish(opts: Options, run: Launched, tick: Callable[[], None] | None = None)
     case = run.case
     killed = {"server": False, "client": False}
     try:
-        for fd in (run.go_w, run.done_r):  # a client still at the gate sees EOF: ends
-            if fd >= 0:
-                os.close(fd)
-        run.go_w = run.done_r = -1
+        close_gate(run)
         if run.client is not None:
             killed["client"] = stop(run.client, run.deadline - time.monotonic(), tick)
             grace = 10.0 if run.client.returncode == 0 else 2.0
