@@ -1161,6 +1161,9 @@ class socket:
             else:
                 if rc >= 0:
                     return rc
+                if rc != -_errno.EINTR:
+                    # the engine reports an error once: never ask twice
+                    raise self._raise(rc)
         buf = self._cbuf(data)
         try:
             return self._call(_ll.send, buf, len(buf), self._flags(flags))
@@ -1179,7 +1182,10 @@ class socket:
             else:
                 if rc is None:
                     return
-                # interrupted or failed: the slow path resumes after rc bytes
+                if rc < 0 and rc != -_errno.EINTR:
+                    raise self._raise(rc)  # reported once: never ask twice
+                # interrupted, or an error stays pending after a partial
+                # send: the slow path resumes after rc bytes
                 self._sendall(data, flags, max(rc, 0))
                 return
         self._sendall(data, flags, 0)
@@ -1287,6 +1293,8 @@ class socket:
                 r = _ll.recv_bytes(h, bufsize, 0, -1)
                 if type(r) is bytes:
                     return r
+                if r != -_errno.EINTR:
+                    raise self._raise(r)  # reported once: never ask twice
         return self._recv(bufsize, flags)
 
     def _recv(self, bufsize: int, flags: int, what: str = "recv") -> bytes:
@@ -1322,6 +1330,8 @@ class socket:
             else:
                 if rc >= 0:
                     return rc
+                if rc != -_errno.EINTR:
+                    raise self._raise(rc)  # reported once: never ask twice
         return self._recv_into(buffer, nbytes, flags)
 
     def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:

@@ -106,6 +106,7 @@ class RsockTransport(asyncio.Transport):
         # then reads copy straight out of the ring
         self._scratch = bytearray(_SCRATCH)
         self._scratch_mv = memoryview(self._scratch)
+        self._later_error = 0  # an engine error met after data (-errno)
         if server is not None:
             server._attach()
         self._loop.call_soon(self._connection_made, waiter)
@@ -223,6 +224,9 @@ class RsockTransport(asyncio.Transport):
                         r = _ll.recv_bytes(self._h, _MAX_READ, 0, 0)
                         if type(r) is bytes:
                             data += r
+                        elif r not in (-errno.EAGAIN, -errno.EINTR):
+                            # reported once: deliver the data, then this
+                            self._later_error = r
                     try:
                         self._protocol.data_received(data)  # type: ignore[attr-defined]
                     except (SystemExit, KeyboardInterrupt):
@@ -232,9 +236,12 @@ class RsockTransport(asyncio.Transport):
                             exc, "Fatal error: protocol.data_received() call failed."
                         )
                         return
-                    if n < _SCRATCH:
+                    if self._later_error:
+                        n, self._later_error = self._later_error, 0
+                    elif n < _SCRATCH:
                         return
-                    continue
+                    else:
+                        continue
             if n == 0:
                 self._read_eof()
                 return

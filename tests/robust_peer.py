@@ -21,6 +21,14 @@ Modes (ROLE is ``server``: listen on 127.0.0.1:0, say ``PORT n``, accept one; or
       sendall in a thread) for SECONDS while sampling its own RSS; says
       ``STALLED json`` (accepted bytes, RSS samples); then waits for the reader
       to resume, finishes its sendall and says ``DONE json`` (bytes, sha256)
+  hold-die ROLE PORT [NBYTES]
+      say ``READY``, sendall NBYTES (default 0) seeded bytes (seed 5) and say
+      ``SENT``, then read nothing and wait for one line on stdin: ``kill``
+      (SIGKILL itself), ``_exit`` (os._exit), ``close`` (close the socket, then
+      exit) or ``exit`` (interpreter exit with the socket still open)
+  listen-die
+      listen on 127.0.0.1:0 with backlog 8, say ``PORT n``, never accept; die
+      by SIGKILL at a ``kill`` line on stdin
   hold-many PORT N
       open N connections to PORT, send each its index as 4 bytes, say ``READY``,
       hold them until stdin closes
@@ -270,6 +278,21 @@ def flood(sock: Any, seconds: float) -> None:
     )
 
 
+def die(how: str, sock: Any) -> None:
+    """End this process as ``how`` says (see hold-die)."""
+    if how == "kill":
+        os.kill(os.getpid(), 9)
+    if how == "_exit":
+        os._exit(0)
+    if how == "close":
+        sock.close()
+        return
+    if how == "exit":
+        globals()["kept"] = sock  # still open when the interpreter exits
+        return
+    raise SystemExit(f"robust_peer.py: unknown way to die {how!r}")
+
+
 def main(argv: list[str]) -> int:
     from peer import die_with_parent
 
@@ -308,6 +331,25 @@ def main(argv: list[str]) -> int:
             say("READY", provider_of(transport, sock))
             flood(sock, seconds)
             wait_for_release()
+        return 0
+
+    if mode == "hold-die":
+        role, port = args[0], int(args[1])
+        nbytes = int(args[2]) if len(args) > 2 else 0
+        sock = establish(mod, role, port)
+        assert_fast_path(transport, sock)
+        say("READY", provider_of(transport, sock))
+        sock.sendall(pattern(5, nbytes))
+        say("SENT")
+        die(sys.stdin.readline().strip(), sock)
+        return 0
+
+    if mode == "listen-die":
+        listener = mod.socket(mod.AF_INET, mod.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        say("PORT", listener.getsockname()[1])
+        die(sys.stdin.readline().strip(), listener)
         return 0
 
     if mode == "hold-many":

@@ -793,10 +793,15 @@ static void eng_check_live(rsk_sock *s)
 	}
 	/* gone: take in whatever it wrote before dying, then stop watching */
 	eng_progress(s);
-	if (!(s->flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN) {
-		/* A completion may lag behind the hang-up (an HCA's does; the
-		 * liveness channel is another path): give a FIN that is on its
-		 * way a short grace before calling this a reset. */
+	if (!(s->flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
+	    s->ops->live_event) {
+		/* A completion may lag behind the hang-up when the provider's
+		 * CM is another path than its completions (an HCA's do): give a
+		 * FIN that is on its way a short grace before calling this a
+		 * reset.  Not on shm: whatever the peer wrote (a FIN included)
+		 * is in our CQ ring before its liveness socket can close, so
+		 * the eng_progress above has seen it, and a dead peer costs
+		 * nobody a wait. */
 		int64_t until = eng_now_ns() + LIVE_GRACE_NS;
 
 		while (!(s->flags & (F_PEER_FIN | F_DEAD)) &&
@@ -830,6 +835,23 @@ static int eng_poll_live(rsk_sock *s)
 		return 0;
 	eng_check_live(s);
 	return (s->flags & F_PEER_GONE) != 0;
+}
+
+/* A send into a ring with room never waits, so it would never learn that
+ * the peer died: look at the liveness channel at most every LIVE_TICK_NS
+ * (a clock read per call; a syscall per tick), as a TCP sender learns of
+ * a reset when the peer's RST arrives. */
+static void eng_live_tick(rsk_sock *s)
+{
+	int64_t now;
+
+	if (s->kind != K_CONN || s->live_fd < 0 || (s->flags & F_PEER_GONE))
+		return;
+	now = eng_now_ns();
+	if (now < s->live_next)
+		return;
+	s->live_next = now + LIVE_TICK_NS;
+	eng_poll_live(s);
 }
 
 /* Watch mode: no notification can be pending on our notify fd (we are
@@ -1366,6 +1388,8 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 	if (s->kind == K_CONN && (s->flags & F_PEER_FIN) &&
 	    !(s->flags & F_PEER_GONE))
 		eng_check_live(s); /* a peer that closed makes sends fail */
+	else
+		eng_live_tick(s);
 	while ((rc = send_error(s, done > 0)) == 0 && (done < len || len == 0)) {
 		uint64_t space;
 		uint32_t n, credits;

@@ -48,6 +48,10 @@ _Static_assert(sizeof(struct eng_ctrl) == 16, "ctrl slot is 16 bytes");
  * completion may lag behind the hang-up). */
 #define LIVE_GRACE_NS 100000000ll
 
+/* A sender with room in the peer's ring looks at the liveness channel at
+ * most this often (1 ms). */
+#define LIVE_TICK_NS 1000000ll
+
 /* Largest single data message (the receiver can consume the head of a
  * large send while its tail is still being written).  64 KiB: a 256 KiB
  * round trip takes 63-73 µs instead of 113-126 µs with 256 KiB messages
@@ -116,6 +120,7 @@ struct rsk_sock {
 	const struct prov_ops *ops;
 	struct prov_qp *qp;
 	int live_fd;
+	int64_t live_next; /* next liveness look of a sender (eng_live_tick) */
 	unsigned flags;
 	unsigned pending;
 	uint8_t *lctrl;
