@@ -193,3 +193,194 @@ def test_asyncio_reset_after_data_is_reported(
     # TCP may drop what it had received when the RST comes; rsock keeps it
     assert got == nbytes if transport == "rsock" else got <= nbytes
     assert isinstance(exc, ConnectionResetError), repr(exc)
+
+
+# --------------------------------------------------------------------------- 2. mass death
+
+
+def accept_held(listener: Any, peer: RobustPeer, n: int) -> list[Any]:
+    """Accepts the n connections of a ``hold-many`` peer, reads each index."""
+    conns: list[Any] = []
+    for _ in range(n):
+        conn, _ = listener.accept()
+        conns.append(conn)
+        conn.settimeout(10)
+        idx = b""
+        while len(idx) < 4:
+            chunk = conn.recv(4 - len(idx))
+            assert chunk
+            idx += chunk
+        conn.setblocking(False)
+    peer.expect("READY", timeout=60)
+    return conns
+
+
+class RoundTrips:
+    """Select-driven 1-byte round trips over an unrelated connection, in a
+    thread, recording the worst one (every wait goes through ``fileno()``)."""
+
+    def __init__(self, sockmod: ModuleType) -> None:
+        from support import connected_pair
+
+        self.a, self.b = connected_pair(sockmod)
+        self.worst = 0.0
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _wait(self, sock: Any) -> None:
+        import select
+
+        p = select.poll()  # not select(): the fds may pass 1024
+        p.register(sock, select.POLLIN)
+        assert p.poll(30_000), "round trip: no data within 30 s"
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            self.a.sendall(b"p")
+            self._wait(self.b)
+            assert self.b.recv(1) == b"p"
+            self.b.sendall(b"q")
+            self._wait(self.a)
+            assert self.a.recv(1) == b"q"
+            self.worst = max(self.worst, time.monotonic() - t0)
+            self.count += 1
+            time.sleep(0.001)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive()
+        self.a.close()
+        self.b.close()
+
+
+def death_of_many(
+    sockmod: ModuleType, transport: str, rpeers: RobustPeers, n: int
+) -> tuple[float, float, int]:
+    """A child holding n connections to us is SIGKILLed while an unrelated
+    connection does select-driven round trips.  Returns (seconds from the
+    kill until the last connection ended, the worst round trip meanwhile,
+    round trips made)."""
+    import selectors
+
+    from test_robust_scale import raise_fd_limit
+
+    raise_fd_limit(4 * n + 1024)
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(min(n, 1024))
+        listener.settimeout(30)
+        peer = rpeers.start(transport, "hold-many", listener.getsockname()[1], n)
+        conns = accept_held(listener, peer, n)
+    assert_fast_path(transport, *conns)
+    sel = selectors.DefaultSelector()
+    for c in conns:
+        sel.register(c, selectors.EVENT_READ)
+    probe = RoundTrips(sockmod)
+    try:
+        time.sleep(0.1)
+        probe.worst = 0.0
+        killed = time.monotonic()
+        peer.kill()
+        left = set(conns)
+        while left:
+            assert time.monotonic() - killed < 30, f"{len(left)} of {n} never ended"
+            for key, _ in sel.select(1.0):
+                c = key.fileobj
+                try:
+                    data = c.recv(1024)  # type: ignore[union-attr]
+                except ConnectionResetError:
+                    data = b""
+                except BlockingIOError:
+                    continue
+                assert data == b""
+                sel.unregister(c)
+                left.discard(c)  # type: ignore[arg-type]
+        ended = time.monotonic() - killed
+        time.sleep(0.05)  # a round trip that is under way when the last ends
+    finally:
+        probe.stop()
+        sel.close()
+        for c in conns:
+            c.close()
+    return ended, probe.worst, probe.count
+
+
+@pytest.mark.timeout_s(120)
+def test_death_of_a_peer_with_100_connections(
+    sockmod: ModuleType, transport: str, rpeers: RobustPeers
+) -> None:
+    """All 100 ends are seen within 1 s of the kill, and an unrelated
+    select-driven connection keeps its round trips short meanwhile."""
+    ended, worst, count = death_of_many(sockmod, transport, rpeers, 100)
+    print(f"\n{transport}: 100 ends in {ended * 1e3:.1f} ms, worst round trip "
+          f"{worst * 1e3:.1f} ms of {count}")
+    assert ended < 1.0
+    assert worst < 0.25
+
+
+@pytest.mark.timeout_s(120)
+def test_death_of_a_peer_does_not_stall_an_event_loop(
+    transport: str, rpeers: RobustPeers
+) -> None:
+    """An asyncio server holding 100 connections from a process that is
+    killed: every connection_lost within 1 s, and the loop never stalls."""
+    n = 100
+    if transport == "rsock":
+        import rsock.asyncio as aio_mod
+
+        start_server: Any = aio_mod.create_server
+    else:
+        start_server = None
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        lost: list[float] = []
+        made: list[int] = []
+
+        class Held(asyncio.Protocol):
+            def connection_made(self, transport: Any) -> None:
+                made.append(1)
+
+            def connection_lost(self, exc: BaseException | None) -> None:
+                lost.append(time.monotonic())
+
+        if start_server is not None:
+            server = await start_server(Held, "127.0.0.1", 0, backlog=n)
+        else:
+            server = await loop.create_server(Held, "127.0.0.1", 0, backlog=n)
+        port = server.sockets[0].getsockname()[1]
+        peer = rpeers.start(transport, "hold-many", port, n)
+        while len(made) < n:
+            await asyncio.sleep(0.01)
+        await loop.run_in_executor(None, peer.expect, "READY", 60.0)
+        gaps = [0.0]
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.001)
+                now = time.monotonic()
+                gaps[0] = max(gaps[0], now - last)
+                last = now
+
+        tick = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.1)
+        gaps[0] = 0.0
+        killed = time.monotonic()
+        peer.kill()
+        while len(lost) < n and time.monotonic() - killed < 30:
+            await asyncio.sleep(0.005)
+        tick.cancel()
+        server.close()
+        assert len(lost) == n, f"{n - len(lost)} of {n} never lost"
+        return max(lost) - killed, gaps[0]
+
+    ended, gap = asyncio.run(main())
+    print(f"\n{transport}: 100 connection_lost in {ended * 1e3:.1f} ms, loop gap "
+          f"{gap * 1e3:.1f} ms")
+    assert ended < 1.0
+    assert gap < 0.25
