@@ -9,7 +9,9 @@ non-blocking mode) in one place; ``oserror`` builds the exception.
 from __future__ import annotations
 
 import os
+import signal
 import socket as _stdsocket
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +82,64 @@ def oserror(rc: int, detail: str = "") -> OSError:
     return OSError(err, msg)
 
 
+# The signal wakeup fd that rsock gives Python (see rsk_set_signal_fd):
+# None until the main thread makes its first socket; then (read, write) of
+# our pipe, or () when Python already had a wakeup fd (it is left alone).
+_wakeup: tuple[int, ...] | None = None
+
+
+def _install_wakeup() -> None:
+    """Give Python a signal wakeup fd whose read end the engine watches,
+    so that a main thread blocked in rsock runs its signal handlers at once
+    even while it busy-polls.  Only where none is set (an event loop that
+    sets its own, asyncio's add_signal_handler, replaces it; the engine's
+    sleeps still end on the signal itself then)."""
+    global _wakeup
+    if threading.current_thread() is not threading.main_thread():
+        return  # set_wakeup_fd works in the main thread only: later
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        old = -2
+    if old != -1:
+        if old >= 0:
+            signal.set_wakeup_fd(old)  # somebody's own: theirs stays
+        os.close(r)
+        os.close(w)
+        _wakeup = ()
+        return
+    _wakeup = (r, w)
+    lib.rsk_set_signal_fd(r)
+
+
+def _wakeup_after_fork() -> None:
+    """A forked child shares the parent's pipe: it gets its own (the
+    engine already forgot the parent's)."""
+    global _wakeup
+    if not _wakeup:
+        return
+    r, w = _wakeup
+    _wakeup = None
+    try:
+        now = signal.set_wakeup_fd(-1)
+    except ValueError:  # forked from another thread: not the main one here
+        now = w
+    mine = now == w
+    if not mine and now >= 0:
+        signal.set_wakeup_fd(now)  # somebody's since: theirs stays
+    os.close(r)
+    os.close(w)
+    if mine:
+        _install_wakeup()
+
+
+os.register_at_fork(after_in_child=_wakeup_after_fork)
+
+
 def new() -> Handle:
+    if _wakeup is None:
+        _install_wakeup()
     out = ffi.new("rsk_sock **")
     rc = lib.rsk_socket(out)
     if rc < 0:
@@ -327,6 +386,11 @@ def close(h: Handle) -> int:
 def set_interest(h: Handle, events: int) -> int:
     """What makes the watched fd readable: POLLIN and/or POLLOUT."""
     return int(lib.rsk_set_interest(h.ptr, events))
+
+
+def set_dialing(h: Handle, on: bool) -> int:
+    """A connect goes on in another thread: the fd does not poll writable."""
+    return int(lib.rsk_set_dialing(h.ptr, 1 if on else 0))
 
 
 def listen_fd(h: Handle, fd: int) -> int:

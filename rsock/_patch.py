@@ -615,30 +615,14 @@ def _wrap_sock_connect(original: Any) -> Callable[..., Any]:
 
 
 async def _sock_connect(loop: Any, sock: _rs.socket, address: Any) -> None:
-    """``loop.sock_connect`` for an rsock socket.  The loops wait for the
-    socket to poll writable, which rsock's fd never does; but rsock's
-    connect completes at once (from the listener's queue): a non-blocking
-    connect's outcome is there for the next ``connect``.  Only a full
-    backlog keeps it pending; then it is retried with a short backoff."""
-    import asyncio
+    """``loop.sock_connect`` for an rsock socket (see
+    ``rsock.asyncio.connect_socket``)."""
+    from rsock.asyncio import connect_socket
 
     if loop.get_debug() and sock.gettimeout() != 0:
         raise ValueError("the socket must be non-blocking")
     address = await _resolved(loop, sock, address)
-    try:
-        sock.connect(address)  # errors at once (EISCONN, refused, ...) as the loops
-        return
-    except (BlockingIOError, InterruptedError):
-        pass
-    delay = 0.001
-    while True:
-        err = sock.connect_ex(address)
-        if err == 0:
-            return
-        if err not in (_errno.EALREADY, _errno.EINPROGRESS, _errno.EINTR):
-            raise OSError(err, f"Connect call failed {address}")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.05)
+    await connect_socket(loop, sock, address)
 
 
 async def _resolved(loop: Any, sock: _rs.socket, address: Any) -> Any:

@@ -94,7 +94,7 @@ _ASYNC_CONNECT_ERRORS = (_errno.ECONNREFUSED, _errno.ECONNRESET, _errno.EACCES)
 # _Core.nb: where a non-blocking connect stands
 _NB_DONE = 1  # reported EINPROGRESS but completed: the next connect() returns 0
 _NB_FAILED = 2  # failed: SO_ERROR (once), then the next connect() reports it
-_NB_RETRY = 3  # the listener's backlog was full: retried by connect()/SO_ERROR
+_NB_PENDING = 3  # the listener's backlog was full: a thread waits to connect
 
 
 # the default ring of a verbs connection whose size nobody chose: its rings
@@ -356,6 +356,7 @@ class _Core:
         "so_error",
         "nb",
         "nb_dst",
+        "nb_done",
         "bufreq",
         "ring_set",
     )
@@ -375,6 +376,7 @@ class _Core:
         self.so_error = 0  # a non-blocking connect's outcome, read by SO_ERROR
         self.nb = 0  # _NB_*: a non-blocking connect reported EINPROGRESS
         self.nb_dst: tuple[Any, ...] | None = None
+        self.nb_done: threading.Event | None = None  # set when _NB_PENDING ends
         # ring sizes asked for with SO_RCVBUF / SO_SNDBUF (0: not set)
         self.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
         self.ring_set = False  # ring size chosen (RSOCK_RING_SIZE, SO_RCVBUF/SNDBUF)
@@ -529,6 +531,14 @@ class socket:
             core.watch |= mask
             _ll.set_watch(h, core.watch)
 
+    def _unwatch(self, mask: int) -> None:
+        """Turn off what ``_watch`` turned on."""
+        h = self._h
+        core = self._core
+        if h is not None and core.watch & mask:
+            core.watch &= ~mask
+            _ll.set_watch(h, core.watch)
+
     def get_inheritable(self) -> bool:
         """Whether the pollable fd is inherited by child processes (it is
         not by default; a connection is unusable in a child anyway)."""
@@ -668,20 +678,27 @@ class socket:
         t = self._timeout
         return None if t is None or t == 0.0 else time.monotonic() + t
 
+    def _clock(self) -> tuple[float | None, float | None]:
+        """(timeout, deadline) as they stand when a call starts: the call
+        keeps them, whatever settimeout() another thread makes meanwhile
+        (as CPython's sock_call reads sock_timeout once)."""
+        t = self._timeout
+        return t, (None if t is None or t == 0.0 else time.monotonic() + t)
+
     def _call(self, fn: Any, *args: Any) -> int:
         """Runs ``fn(handle, *args, timeout_ms)`` with the stdlib's timeout
         and EINTR policy; returns its non-negative result."""
         h = self._handle()
-        deadline = self._deadline()
+        timeout, deadline = self._clock()
         while True:
-            rc: int = fn(h, *args, _timeout_ms(self._timeout, deadline))
+            rc: int = fn(h, *args, _timeout_ms(timeout, deadline))
             if rc >= 0:
                 return rc
             if rc == -_errno.EINTR:
                 continue  # PEP 475 (signal handlers ran on the way back)
-            if rc == -_errno.ETIMEDOUT and self._timeout:
+            if rc == -_errno.ETIMEDOUT and timeout:
                 raise TimeoutError("timed out")
-            if rc == -_errno.EAGAIN and self._timeout:
+            if rc == -_errno.EAGAIN and timeout:
                 # an expired timeout with nothing to do
                 raise TimeoutError("timed out")
             raise self._raise(rc)
@@ -799,15 +816,8 @@ class socket:
         return tcp.getsockopt(level, optname, buflen)
 
     def _so_error(self, h: _ll.Handle, core: _Core) -> int:
-        if core.nb == _NB_RETRY:
-            # still "in progress": one more try, without blocking
-            assert core.nb_dst is not None
-            rc = self._dial(h, core, core.nb_dst, 0)
-            if rc >= 0:
-                core.nb = _NB_DONE
-            elif rc != -_errno.EAGAIN:
-                core.nb = _NB_FAILED
-                core.so_error = -rc
+        if core.nb == _NB_PENDING:
+            return 0  # still in progress, as TCP's while its SYN is unanswered
         err, core.so_error = core.so_error, 0
         return err or _ll.take_error(h)
 
@@ -864,11 +874,11 @@ class socket:
         h = self._handle()
         if not self._core.listening:
             raise OSError(_errno.EINVAL, "Invalid argument")
-        deadline = self._deadline()
+        timeout, deadline = self._clock()
         peer: tuple[Any, ...] | None = None
         local: tuple[Any, ...] | None = None
         while True:
-            rc, nh, peer, local = _ll.accept(h, _timeout_ms(self._timeout, deadline))
+            rc, nh, peer, local = _ll.accept(h, _timeout_ms(timeout, deadline))
             if rc >= 0:
                 break
             if rc == -_errno.EINTR:
@@ -880,7 +890,7 @@ class socket:
                 except (BlockingIOError, InterruptedError):
                     continue  # another thread took it
                 return _TcpSocket._wrap(self, conn), addr
-            if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
+            if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and timeout:
                 raise TimeoutError("timed out")
             raise _ll.oserror(rc)
         assert nh is not None
@@ -1040,7 +1050,8 @@ class socket:
         if self._provider_name == "tcp":
             return _FALLBACK
         if self._timeout != 0.0:
-            rc = self._dial(h, core, dst, _timeout_ms(self._timeout, self._deadline()))
+            ms = _timeout_ms(self._timeout, self._deadline())
+            rc = self._dial(h, core, dst, ms if ms >= 0 else self._give_up_ms())
             return self._fallback_or(rc)
         # Non-blocking: like TCP, "in progress"; the outcome is read with
         # getsockopt(SO_ERROR) or a second connect().  The engine's connect
@@ -1051,12 +1062,51 @@ class socket:
         if rc >= 0:
             core.nb = _NB_DONE
         elif rc == -_errno.EAGAIN:
-            core.nb, core.nb_dst = _NB_RETRY, dst
+            self._dial_behind(h, core, dst)
         elif -rc in _ASYNC_CONNECT_ERRORS:
             core.nb, core.so_error = _NB_FAILED, -rc
         else:
             return rc
         return -_errno.EINPROGRESS
+
+    def _give_up_ms(self) -> int:
+        """How long a connect with no timeout waits for a full backlog before
+        ETIMEDOUT: as long as TCP retries its SYN (TCP_SYNCNT, read from
+        the kernel socket that reserves the address; 6 tries: 127 s)."""
+        try:
+            n = self._reserve().getsockopt(_std.IPPROTO_TCP, _std.TCP_SYNCNT)
+        except (OSError, AttributeError):
+            n = 6
+        return ((1 << (n + 1)) - 1) * 1000
+
+    def _dial_behind(self, h: _ll.Handle, core: _Core, dst: tuple[Any, ...]) -> None:
+        """A non-blocking connect met a full backlog: a thread waits in the
+        engine's connect (the kernel wakes it when accept() makes room) and
+        the fd polls writable when it is done, as TCP's after the SYN-ACK."""
+        core.nb, core.nb_dst, core.nb_done = _NB_PENDING, dst, threading.Event()
+        _ll.set_dialing(h, True)
+        give_up = self._give_up_ms()
+        done = core.nb_done
+
+        def dial() -> None:
+            deadline = time.monotonic() + give_up / 1000
+            try:
+                while True:
+                    rc = self._dial(h, core, dst, _timeout_ms(1.0, deadline))
+                    if rc != -_errno.EINTR:
+                        break
+                rc = self._fallback_or(rc)
+                if rc == _FALLBACK:
+                    rc = -_errno.ECONNREFUSED  # TCP fallback: not behind a pending connect
+                if rc >= 0:
+                    core.nb = _NB_DONE
+                else:
+                    core.nb, core.so_error = _NB_FAILED, -rc
+            finally:
+                _ll.set_dialing(h, False)
+                done.set()
+
+        threading.Thread(target=dial, name="rsock-connect", daemon=True).start()
 
     def _fallback_or(self, rc: int) -> int:
         """No rsock listener answered: _FALLBACK to plain TCP unless
@@ -1080,12 +1130,12 @@ class socket:
             err, core.so_error = core.so_error, 0
             core.nb = 0
             return -(err or _errno.ECONNABORTED)
-        assert core.nb_dst is not None
-        rc = self._dial(h, core, core.nb_dst, _timeout_ms(self._timeout, self._deadline()))
-        if rc == -_errno.EAGAIN and self._timeout == 0.0:
+        assert core.nb_done is not None
+        if self._timeout == 0.0:
             return -_errno.EALREADY
-        core.nb = 0
-        return 0 if rc >= 0 else rc
+        if not core.nb_done.wait(self._timeout):
+            return -_errno.ETIMEDOUT
+        return self._connect_again(h, core)
 
     def connect(self, address: Any, /) -> None:
         rc = self._connect(address)
@@ -1147,9 +1197,10 @@ class socket:
                 f"a bytes-like object is required, not '{type(data).__name__}'"
             ) from None
 
-    def _timed_out(self, rc: int) -> bool:
+    @staticmethod
+    def _timed_out(rc: int, timeout: float | None) -> bool:
         """Is rc an expired socket timeout (not non-blocking mode)?"""
-        return rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and bool(self._timeout)
+        return rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and bool(timeout)
 
     def send(self, data: Buffer, flags: int = 0, /) -> int:
         h = self._h
@@ -1202,9 +1253,9 @@ class socket:
         f = self._flags(flags)
         n = len(buf)
         h = self._handle()
-        deadline = self._deadline()
+        timeout, deadline = self._clock()
         while done < n or n == 0:
-            rc = _ll.send(h, buf + done, n - done, f, _timeout_ms(self._timeout, deadline))
+            rc = _ll.send(h, buf + done, n - done, f, _timeout_ms(timeout, deadline))
             if rc >= 0:
                 done += rc
                 if n == 0:
@@ -1212,7 +1263,7 @@ class socket:
                 continue
             if rc == -_errno.EINTR:
                 continue
-            if self._timed_out(rc):
+            if self._timed_out(rc, timeout):
                 raise TimeoutError("timed out")
             raise self._raise(rc)
 
@@ -1265,20 +1316,20 @@ class socket:
         if total <= _COALESCE:
             one = self._cbuf(b"".join(cast(Iterable[bytes], items)))
             return self._call(_ll.send, one, total, f)
-        deadline = self._deadline()
+        timeout, deadline = self._clock()
         sent = 0
         for b in bufs:
             n = len(b)
             if n == 0:
                 continue
             while True:
-                rc = _ll.send(h, b, n, f, _timeout_ms(self._timeout, deadline))
+                rc = _ll.send(h, b, n, f, _timeout_ms(timeout, deadline))
                 if rc != -_errno.EINTR:
                     break
             if rc < 0:
                 if sent:
                     return sent  # like the kernel: what went, the error next time
-                if self._timed_out(rc):
+                if self._timed_out(rc, timeout):
                     raise TimeoutError("timed out")
                 raise self._raise(rc)
             sent += rc
@@ -1291,7 +1342,7 @@ class socket:
         if h is not None and self._timeout is None and not flags and type(bufsize) is int:
             if bufsize > 0:
                 r = _ll.recv_bytes(h, bufsize, 0, -1)
-                if type(r) is bytes:
+                if isinstance(r, bytes):
                     return r
                 if r != -_errno.EINTR:
                     raise self._raise(r)  # reported once: never ask twice
@@ -1307,14 +1358,14 @@ class socket:
             buf = bytearray(bufsize)
             n = self._call(_ll.recv_into, _ll.from_buffer(buf, True), bufsize, f)
             return bytes(buf[:n])
-        deadline = self._deadline()
+        timeout, deadline = self._clock()
         while True:
-            r = _ll.recv_bytes(h, bufsize, f, _timeout_ms(self._timeout, deadline))
+            r = _ll.recv_bytes(h, bufsize, f, _timeout_ms(timeout, deadline))
             if isinstance(r, bytes):
                 return r
             if r == -_errno.EINTR:
                 continue
-            if self._timed_out(r):
+            if self._timed_out(r, timeout):
                 raise TimeoutError("timed out")
             raise self._raise(r)
 
@@ -1420,7 +1471,7 @@ class socket:
                 off += k
             return got, [], 0, None
         waitall = bool(f & _ll.F_WAITALL)
-        deadline = self._deadline()
+        timeout, deadline = self._clock()
         got = 0
         for b in bufs:
             n = len(b)
@@ -1428,14 +1479,14 @@ class socket:
                 if got and not waitall:
                     ms = 0  # readv: further buffers get what is already there
                 else:
-                    ms = _timeout_ms(self._timeout, deadline)
+                    ms = _timeout_ms(timeout, deadline)
                 rc = _ll.recv_into(h, b, n, f, ms)
                 if rc != -_errno.EINTR:
                     break
             if rc < 0:
                 if got:
                     return got, [], 0, None
-                if self._timed_out(rc):
+                if self._timed_out(rc, timeout):
                     raise TimeoutError("timed out")
                 raise self._raise(rc)
             got += rc
@@ -1447,10 +1498,10 @@ class socket:
         """A zero-byte recvmsg: like CPython, wait until the socket is
         readable (data or EOF) under the socket's timeout."""
         h = self._handle()
-        nonblocking = self._timeout == 0.0 or f & _ll.F_DONTWAIT
-        deadline = self._deadline()
+        timeout, deadline = self._clock()
+        nonblocking = timeout == 0.0 or f & _ll.F_DONTWAIT
         while True:
-            rc = _ll.wait(h, _ll.POLLIN, 0 if nonblocking else _timeout_ms(self._timeout, deadline))
+            rc = _ll.wait(h, _ll.POLLIN, 0 if nonblocking else _timeout_ms(timeout, deadline))
             if rc == -_errno.EINTR:
                 continue
             if rc < 0:
@@ -1459,7 +1510,7 @@ class socket:
                 return
             if nonblocking:
                 raise BlockingIOError(_errno.EAGAIN, os.strerror(_errno.EAGAIN))
-            if self._timeout is not None:
+            if timeout is not None:
                 raise TimeoutError("timed out")
 
     def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:

@@ -485,6 +485,11 @@ class SSLSocket:
             raise want from None
         except TimeoutError:
             raise TimeoutError(f"The {what} operation timed out") from None
+        except ConnectionResetError:
+            # as the stdlib's (OpenSSL reading a kernel socket): a reset
+            # under TLS is an EOF in violation of protocol, SSLEOFError,
+            # which suppress_ragged_eofs turns into b""
+            data = b""
         self._track(data)
         with self._ssl_lock:
             if data:

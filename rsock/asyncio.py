@@ -40,6 +40,7 @@ __all__ = ["create_server", "create_connection", "start_server", "open_connectio
 
 _MAX_READ = 256 * 1024  # bytes per recv for a plain Protocol
 _SCRATCH = 16 * 1024  # first read of a plain Protocol
+_ACCEPT_RETRY_DELAY = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
 
@@ -222,7 +223,7 @@ class RsockTransport(asyncio.Transport):
                     if n == _SCRATCH:
                         # more is waiting: take it straight out of the ring
                         r = _ll.recv_bytes(self._h, _MAX_READ, 0, 0)
-                        if type(r) is bytes:
+                        if isinstance(r, bytes):
                             data += r
                         elif r not in (-errno.EAGAIN, -errno.EINTR):
                             # reported once: deliver the data, then this
@@ -563,6 +564,10 @@ class RsockServer(asyncio.AbstractServer):
         for s in self._sockets:
             self._loop.add_reader(s.fileno(), self._accept_ready, s)
 
+    def _resume_accept(self, listener: socket) -> None:
+        if self._serving and self._sockets is not None and listener.fileno() >= 0:
+            self._loop.add_reader(listener.fileno(), self._accept_ready, listener)
+
     def _accept_ready(self, listener: socket) -> None:
         for _ in range(self._backlog):
             try:
@@ -571,9 +576,14 @@ class RsockServer(asyncio.AbstractServer):
                 return
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # as asyncio's loops: say so, stop accepting for a while
+                    # (the clients stay queued), then start again
                     self._loop.call_exception_handler(
                         {"message": "socket.accept() out of system resource", "exception": exc}
                     )
+                    fd = listener.fileno()
+                    self._loop.remove_reader(fd)
+                    self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accept, listener)
                     return
                 raise
             try:
@@ -761,6 +771,38 @@ async def create_server(
     return server
 
 
+async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address: Any) -> None:
+    """Connects an rsock socket without blocking the loop.  rsock's connect
+    completes at once from the listener's queue, with no round trip to the
+    server; only a full backlog leaves it in progress, and then its fd polls
+    writable when it is done (as TCP's after the SYN-ACK): the loop waits for
+    that, then reads the outcome from SO_ERROR.  The socket is left
+    non-blocking."""
+    sock.setblocking(False)
+    try:
+        sock.connect(address)
+        return
+    except (BlockingIOError, InterruptedError):
+        pass
+    fd = sock.fileno()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def writable() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_writer(fd, writable)
+    try:
+        await done
+    finally:
+        loop.remove_writer(fd)
+        sock._unwatch(_ll.WATCH_FD)  # the transport watches the notify fd
+    err = sock.getsockopt(_std.SOL_SOCKET, _std.SO_ERROR)
+    if err:
+        raise OSError(err, f"Connect call failed {address}")
+    sock.connect(address)  # 0 once done, as TCP's second connect
+
+
 async def create_connection(
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     host: str | None = None,
@@ -810,9 +852,7 @@ async def create_connection(
             try:
                 if local_addr is not None:
                     s.bind(local_addr)
-                # rsock's connect completes from the listen queue without a
-                # round trip to the server, so it does not block the loop
-                s.connect(sa)
+                await connect_socket(loop, s, sa)
             except OSError as exc:
                 s.close()
                 errors.append(exc)

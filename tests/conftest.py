@@ -29,6 +29,16 @@ from support import Peers, assert_fast_path, connected_pair, load_sockmod  # noq
 TRANSPORTS = ["tcp", "rsock"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _rsock_process_state() -> None:
+    """What rsock keeps for the life of a process (the signal wakeup pipe
+    it gives Python with the main thread's first socket) exists before any
+    test counts this process's fds."""
+    import rsock
+
+    rsock.socket().close()
+
+
 @pytest.fixture(autouse=True)
 def _reap_multiprocessing_children() -> Iterator[None]:
     yield

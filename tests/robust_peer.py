@@ -29,9 +29,10 @@ Modes (ROLE is ``server``: listen on 127.0.0.1:0, say ``PORT n``, accept one; or
   listen-die
       listen on 127.0.0.1:0 with backlog 8, say ``PORT n``, never accept; die
       by SIGKILL at a ``kill`` line on stdin
-  hold-many PORT N
-      open N connections to PORT, send each its index as 4 bytes, say ``READY``,
-      hold them until stdin closes
+  hold-many PORT N [wait]
+      (with ``wait``: first read a line from stdin) open N connections to PORT,
+      send each its index as 4 bytes, say ``READY``, hold them until stdin
+      closes
 """
 
 from __future__ import annotations
@@ -354,6 +355,8 @@ def main(argv: list[str]) -> int:
 
     if mode == "hold-many":
         port, n = int(args[0]), int(args[1])
+        if len(args) > 2 and args[2] == "wait":
+            sys.stdin.readline()  # the go-ahead
         socks = []
         try:
             for i in range(n):

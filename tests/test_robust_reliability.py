@@ -8,6 +8,10 @@ conftest) and asserts what TCP does.
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -384,3 +388,711 @@ def test_death_of_a_peer_does_not_stall_an_event_loop(
           f"{gap * 1e3:.1f} ms")
     assert ended < 1.0
     assert gap < 0.25
+
+
+# --------------------------------------------------------------------------- 3. full backlog
+
+
+def full_listener(sockmod: ModuleType) -> tuple[Any, list[Any]]:
+    """A listener (backlog 1) that never accepts, with its queue filled."""
+    listener = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    fillers: list[Any] = []
+    # Linux TCP queues backlog + 1; the rendezvous as many as its kernel queue
+    # takes: fill it until a non-blocking connect stays in progress
+    for _ in range(64):
+        c = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+        c.setblocking(False)
+        err = c.connect_ex(listener.getsockname())
+        fillers.append(c)
+        if err == 0:
+            continue
+        assert err == errno.EINPROGRESS, errno.errorcode.get(err, err)
+        import select
+
+        p = select.poll()
+        p.register(c, select.POLLOUT)
+        if not p.poll(200):
+            return listener, fillers  # the queue is full: this one waits
+    raise AssertionError("the backlog never filled")
+
+
+def close_all(*socks: Any) -> None:
+    for s in socks:
+        s.close()
+
+
+@pytest.mark.timeout_s(30)
+def test_connect_to_full_backlog_honours_timeout(sockmod: ModuleType) -> None:
+    listener, fillers = full_listener(sockmod)
+    try:
+        with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as c:
+            c.settimeout(0.3)
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError):
+                c.connect(listener.getsockname())
+            assert 0.25 < time.monotonic() - t0 < 2.0
+    finally:
+        close_all(listener, *fillers)
+
+
+@pytest.mark.timeout_s(30)
+def test_connect_to_full_backlog_gives_up_as_tcp_syncnt_says(sockmod: ModuleType) -> None:
+    """No timeout: TCP gives up after its SYN retries (TCP_SYNCNT 1: 1 + 2 s)."""
+    listener, fillers = full_listener(sockmod)
+    try:
+        with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_SYNCNT, 1)
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError) as info:
+                c.connect(listener.getsockname())
+            assert info.value.errno == errno.ETIMEDOUT
+            assert 2.5 < time.monotonic() - t0 < 6.0
+    finally:
+        close_all(listener, *fillers)
+
+
+@pytest.mark.timeout_s(30)
+@pytest.mark.parametrize("raises", [False, True], ids=["handler-returns", "handler-raises"])
+def test_connect_to_full_backlog_runs_signal_handlers(
+    sockmod: ModuleType, raises: bool
+) -> None:
+    """A signal during the wait runs its handler within 100 ms; a handler
+    that raises ends connect() with its exception (KeyboardInterrupt), one
+    that returns lets connect() go on until its timeout (PEP 475)."""
+    listener, fillers = full_listener(sockmod)
+    ran: list[float] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        ran.append(time.monotonic())
+        if raises:
+            raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as c:
+            c.settimeout(1.5)
+            sent = []
+
+            def poke() -> None:
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+            timer = threading.Timer(0.3, poke)
+            timer.start()
+            t0 = time.monotonic()
+            try:
+                if raises:
+                    with pytest.raises(KeyboardInterrupt):
+                        c.connect(listener.getsockname())
+                else:
+                    with pytest.raises(TimeoutError):
+                        c.connect(listener.getsockname())
+                    assert 1.4 < time.monotonic() - t0 < 3.0  # the deadline kept
+            finally:
+                timer.join()
+            assert ran and ran[0] - sent[0] < 0.1
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        close_all(listener, *fillers)
+
+
+@pytest.mark.timeout_s(30)
+def test_nonblocking_connect_to_full_backlog_is_writable_once_accepted(
+    sockmod: ModuleType,
+) -> None:
+    """In progress while the queue is full: not writable, SO_ERROR 0; once
+    the listener accepts, writable with SO_ERROR 0 and data goes through."""
+    import select
+
+    listener, fillers = full_listener(sockmod)
+    c = fillers[-1]  # the one that waits
+    try:
+        p = select.poll()
+        p.register(c, select.POLLOUT)
+        assert not p.poll(300)
+        assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        listener.settimeout(10)
+        accepted = []
+        while True:
+            a, _ = listener.accept()
+            accepted.append(a)
+            if p.poll(0):
+                break
+            assert len(accepted) < len(fillers)
+            time.sleep(0.05)
+            if p.poll(200):
+                break
+        assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        c.setblocking(True)
+        c.sendall(b"hello")
+        # the connection that waited is one of the ones accepted by now or next
+        listener.settimeout(0.5)
+        while True:
+            got = b""
+            for a in accepted:
+                a.settimeout(0.05)
+                try:
+                    got = a.recv(5)
+                except (TimeoutError, BlockingIOError):
+                    continue
+                if got:
+                    break
+            if got:
+                break
+            accepted.append(listener.accept()[0])
+        assert got == b"hello"
+        close_all(*accepted)
+    finally:
+        close_all(listener, *fillers)
+
+
+@pytest.mark.timeout_s(30)
+def test_asyncio_connect_to_full_backlog_does_not_block_the_loop(transport: str) -> None:
+    """rsock.asyncio.create_connection (loop.create_connection on TCP) to a
+    full backlog: the loop keeps running, and the connection completes once
+    the listener accepts."""
+    import importlib
+
+    sockmod: Any = importlib.import_module("rsock" if transport == "rsock" else "socket")
+    listener, fillers = full_listener(sockmod)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        if transport == "rsock":
+            import rsock.asyncio as aio_mod
+
+            connecting = asyncio.ensure_future(
+                aio_mod.create_connection(asyncio.Protocol, *listener.getsockname())
+            )
+        else:
+            connecting = asyncio.ensure_future(
+                loop.create_connection(asyncio.Protocol, *listener.getsockname())
+            )
+        t0 = time.monotonic()
+        await asyncio.sleep(0.3)
+        lag = time.monotonic() - t0 - 0.3
+        assert not connecting.done()
+        listener.setblocking(False)
+        accepted = []
+        while not connecting.done():
+            try:
+                accepted.append(listener.accept()[0])
+            except BlockingIOError:
+                pass
+            await asyncio.sleep(0.02)
+            assert time.monotonic() - t0 < 10
+        tr, _ = connecting.result()
+        tr.close()
+        close_all(*accepted)
+        return lag
+
+    try:
+        lag = asyncio.run(main())
+        assert lag < 0.1
+    finally:
+        close_all(listener, *fillers)
+
+
+# --------------------------------------------------------------------------- 4. signals
+
+
+class SignalProbe:
+    """SIGUSR1 to this process after ``delay``; the handler records when it
+    ran and raises KeyboardInterrupt if asked to."""
+
+    def __init__(self, delay: float, raises: bool) -> None:
+        self.sent = 0.0
+        self.ran: list[float] = []
+        self.raises = raises
+        self._old = signal.signal(signal.SIGUSR1, self._handler)
+        self._timer = threading.Timer(delay, self._send)
+        self._timer.start()
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.ran.append(time.monotonic())
+        if self.raises:
+            raise KeyboardInterrupt
+
+    def _send(self) -> None:
+        self.sent = time.monotonic()
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    def latency(self) -> float:
+        assert self.ran, "the handler never ran"
+        return self.ran[0] - self.sent
+
+    def close(self) -> None:
+        self._timer.join()
+        signal.signal(signal.SIGUSR1, self._old)
+
+
+def spin(sockmod: ModuleType, sock: Any, us: int) -> None:
+    if sockmod.__name__ == "rsock":
+        sock.setsockopt(sockmod.SOL_RSOCK, sockmod.RSOCK_SPIN_US, us)
+
+
+BIG = 64 << 20  # more than a ring or a TCP socket's buffers hold
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("raises", [True, False], ids=["raises", "returns"])
+@pytest.mark.parametrize(
+    "arrangement",
+    ["recv", "recv+thread-recv", "sendall+thread-recv", "sendall", "recv-spinning",
+     "sendall-spinning+thread-recv"],
+)
+def test_signal_reaches_a_blocked_main_thread(
+    sockmod: ModuleType, pair: tuple[Any, Any], arrangement: str, raises: bool
+) -> None:
+    """The main thread blocks on a connection whose peer sends and reads
+    nothing, other threads maybe blocked on the same socket: a signal's
+    handler runs within 100 ms; one that raises ends the call with its
+    exception, one that returns lets the call go on (PEP 475) until its
+    timeout, which is kept."""
+    a, b = pair
+    if "spinning" in arrangement:
+        spin(sockmod, a, 1_000_000)  # a 1 s busy-poll before every sleep
+    helper = None
+    if "thread-recv" in arrangement:
+        helper = threading.Thread(target=lambda: a.recv(10) if True else None, daemon=True)
+        helper.start()
+        time.sleep(0.1)
+    timeout = None if raises else 1.5
+    a.settimeout(timeout)
+    probe = SignalProbe(0.3, raises)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt if raises else TimeoutError):
+            if arrangement.startswith("sendall"):
+                a.sendall(b"z" * BIG)
+            else:
+                a.recv(10)
+        if not raises:
+            assert 1.4 < time.monotonic() - t0 < 3.0
+    finally:
+        probe.close()
+    assert probe.latency() < 0.1
+    if helper is not None:
+        a.settimeout(None)
+        b.sendall(b"!" * 10)  # let the helper go
+        helper.join(10)
+        assert not helper.is_alive()
+
+
+@pytest.mark.timeout_s(60)
+def test_signals_during_busy_poll_are_never_held(
+    sockmod: ModuleType, pair: tuple[Any, Any]
+) -> None:
+    """Signals sent at random moments while recv busy-polls and sleeps in
+    turn (the peer sends now and then): every handler runs within 100 ms."""
+    import random
+
+    a, b = pair
+    spin(sockmod, a, 200)
+    got: list[float] = []
+    old = signal.signal(signal.SIGUSR1, lambda s, f: got.append(time.monotonic()))
+    stop = threading.Event()
+    late = []
+
+    def kicker() -> None:
+        rng = random.Random(3)
+        while not stop.is_set():
+            time.sleep(rng.uniform(0.0, 0.01))
+            n = len(got)
+            sent = time.monotonic()
+            os.kill(os.getpid(), signal.SIGUSR1)
+            while len(got) == n and time.monotonic() - sent < 1.0:
+                time.sleep(0.0005)
+            if len(got) == n:
+                late.append(sent)
+            b.sendall(b"d")
+
+    k = threading.Thread(target=kicker, daemon=True)
+    k.start()
+    try:
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            a.settimeout(0.5)
+            try:
+                a.recv(100)
+            except TimeoutError:
+                pass
+    finally:
+        stop.set()
+        k.join(10)
+        signal.signal(signal.SIGUSR1, old)
+    assert len(got) > 50
+    assert not late, f"{len(late)} of {len(got) + len(late)} signals waited > 1 s"
+
+
+# --------------------------------------------------------------------------- 6, 7. fork
+
+
+def wait_child(pid: int, timeout: float) -> int | None:
+    """The child's exit status, or None (killed) if it outlived timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+@pytest.mark.timeout_s(120)
+def test_fork_while_another_thread_is_in_a_call(
+    sockmod: ModuleType, pair: tuple[Any, Any]
+) -> None:
+    """Forks while a thread ping-pongs on a connection; each child closes
+    that connection and exits: none may hang (a lock copied held)."""
+    a, b = pair
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    chunk = b"x" * (1 << 20)
+
+    def send() -> None:  # copies under the socket's lock most of the time
+        try:
+            while not stop.is_set():
+                a.sendall(chunk)
+            a.shutdown(socket.SHUT_WR)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def recv() -> None:
+        buf = bytearray(1 << 20)
+        try:
+            while b.recv_into(buf):
+                pass
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (send, recv)]
+    for t in threads:
+        t.start()
+    hung = 0
+    try:
+        for _ in range(50):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    a.close()
+                    b.close()
+                finally:
+                    os._exit(0)
+            if wait_child(pid, 5.0) is None:
+                hung += 1
+            time.sleep(0.002)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors, errors
+    assert hung == 0, f"{hung} of 50 children hung closing the socket"
+
+
+@pytest.mark.timeout_s(60)
+def test_child_that_only_polls_leaves_the_connection_to_the_parent(
+    sockmod: ModuleType, pair: tuple[Any, Any]
+) -> None:
+    """A forked child select()s and poll()s on an inherited connection and
+    exits: polling is not a use, the parent goes on using it."""
+    import select
+
+    a, b = pair
+    b.sendall(b"before")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            select.select([a], [a], [], 0.2)
+            p = select.poll()
+            p.register(a, select.POLLIN | select.POLLOUT)
+            p.poll(200)
+            code = 0
+        finally:
+            os._exit(code)
+    assert wait_child(pid, 10) == 0
+    a.settimeout(5)
+    assert a.recv(100) == b"before"
+    a.sendall(b"after")
+    b.settimeout(5)
+    assert b.recv(100) == b"after"
+    r, _, _ = select.select([a], [], [], 0)
+    assert not r
+    b.sendall(b"more")
+    r, _, _ = select.select([a], [], [], 5)
+    assert r and a.recv(100) == b"more"
+
+
+# --------------------------------------------------------------------------- 9. smaller
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("call", ["sendmsg", "sendall", "recv_into_waitall"])
+def test_settimeout_from_another_thread_during_a_call(
+    sockmod: ModuleType, pair: tuple[Any, Any], call: str
+) -> None:
+    """A blocking call keeps the timeout it started with when another thread
+    calls settimeout() meanwhile (CPython reads it once per call)."""
+    a, b = pair
+    total = 4 * (8 << 20)
+    changer = threading.Timer(0.2, a.settimeout, (30.0,))
+    changer.start()
+    if call == "recv_into_waitall":
+
+        def slow_sender() -> None:
+            time.sleep(0.5)
+            b.sendall(b"y" * total)
+
+        t = threading.Thread(target=slow_sender, daemon=True)
+        t.start()
+        buf = bytearray(total)
+        assert a.recv_into(buf, total, socket.MSG_WAITALL) == total
+        t.join(30)
+    else:
+        got = [0]
+
+        def slow_reader() -> None:
+            time.sleep(0.5)
+            buf = bytearray(1 << 20)
+            while got[0] < total:
+                n = b.recv_into(buf)
+                assert n
+                got[0] += n
+
+        t = threading.Thread(target=slow_reader, daemon=True)
+        t.start()
+        chunks = [b"x" * (8 << 20)] * 4
+        if call == "sendmsg":
+            sent = a.sendmsg(chunks)  # several buffers: one per engine call
+            a.sendall(b"".join(chunks)[sent:])
+        else:
+            a.sendall(b"".join(chunks))
+        t.join(30)
+        assert got[0] == total
+    changer.join()
+
+
+def test_pickling_a_socket_is_refused(sockmod: ModuleType, pair: tuple[Any, Any]) -> None:
+    """Plain pickle refuses a socket on both (multiprocessing's own reducer
+    for stdlib sockets is listed in the README's differences)."""
+    import pickle
+
+    with pytest.raises(TypeError, match="pickle"):
+        pickle.dumps(pair[0])
+
+
+# --------------------------------------------------------------------------- 8. silent clients
+
+
+def silent_clients(transport: str, port: int, n: int) -> list[socket.socket]:
+    """n same-uid connections that say nothing: plain TCP connects for tcp;
+    for rsock, connections to the listener's rendezvous that never send
+    their handshake."""
+    out = []
+    for _ in range(n):
+        if transport == "tcp":
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        else:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.settimeout(10)
+            s.connect(f"\0rsock/4/127.0.0.1/{port}")
+        out.append(s)
+    return out
+
+
+@pytest.mark.timeout_s(60)
+def test_silent_clients_do_not_push_real_ones_off(sockmod: ModuleType, transport: str) -> None:
+    """60 same-uid clients connect and say nothing; then 20 real clients
+    connect and exchange data: every one is served, on the fast path, and
+    none is reset after its connect succeeded."""
+    listener = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+    served: list[int] = []
+
+    def echo(conn: Any) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                data = conn.recv(4)
+            except (TimeoutError, OSError):
+                return  # a silent one
+            if data:
+                served.append(int.from_bytes(data, "big"))
+                conn.sendall(data)
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    quiet = silent_clients(transport, port, 60)
+    try:
+        time.sleep(0.2)
+        for i in range(20):
+            with sockmod.create_connection(("127.0.0.1", port), timeout=10) as c:
+                assert_fast_path(transport, c)
+                c.sendall(i.to_bytes(4, "big"))
+                assert c.recv(4) == i.to_bytes(4, "big")
+        assert sorted(served) == list(range(20))
+    finally:
+        stop.set()
+        server.join(10)
+        listener.close()
+        close_all(*quiet)
+
+
+# --------------------------------------------------------------------------- 5. fd limit
+
+
+def fill_fd_holes() -> tuple[list[int], int]:
+    """Occupies every free fd below the highest open one, so that a limit
+    of (first free fd + k) leaves exactly k free fds.  Returns the fillers
+    and the first free fd."""
+    top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    fillers = []
+    while True:
+        fd = os.dup(0)
+        if fd > top:
+            os.close(fd)
+            return fillers, fd
+        fillers.append(fd)
+
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("free", [0, 1, 3, 5])
+def test_accept_near_the_fd_limit_keeps_the_client(
+    sockmod: ModuleType, transport: str, rpeers: RobustPeers, free: int
+) -> None:
+    """With only a few fds left, accept() either succeeds or raises EMFILE/
+    ENFILE/ENOMEM; the client is never lost: once fds are back it is
+    accepted and its bytes arrive intact (TCP: EMFILE with none free)."""
+    import resource
+
+    from robust_peer import pattern
+
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        peer = rpeers.start(transport, "hold-die", "client", listener.getsockname()[1], 5000)
+        peer.expect("READY")
+        peer.expect("SENT")
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        errors = []
+        conn = None
+        holes, first_free = fill_fd_holes()
+        try:
+            for _ in range(3):  # as an application retries after EMFILE
+                resource.setrlimit(resource.RLIMIT_NOFILE, (first_free + free, hard))
+                try:
+                    conn, _ = listener.accept()
+                    break
+                except OSError as e:
+                    errors.append(e.errno)
+                finally:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            close_fds(holes)
+        assert set(errors) <= {errno.EMFILE, errno.ENFILE, errno.ENOMEM}, errors
+        if transport == "tcp" and free == 0:
+            assert errors and conn is None
+        if conn is None:
+            listener.settimeout(10)
+            conn, _ = listener.accept()  # fds are back: the client is there
+        with conn:
+            assert_fast_path(transport, conn)
+            conn.settimeout(10)
+            got = b""
+            while len(got) < 5000:
+                chunk = conn.recv(5000 - len(got))
+                assert chunk, f"the client is gone after {len(got)} bytes ({errors})"
+                got += chunk
+            assert got == pattern(5, 5000)
+            conn.sendall(b"ok")
+
+
+@pytest.mark.timeout_s(60)
+def test_asyncio_server_at_the_fd_limit_serves_every_client_later(
+    transport: str, rpeers: RobustPeers
+) -> None:
+    """40 clients connect while the server has 5 fds left: the loop's
+    exception handler hears "out of system resource", accepting pauses,
+    and once fds are back every client is served (none dropped)."""
+    import resource
+
+    n = 40
+    if transport == "rsock":
+        import rsock.asyncio as aio_mod
+
+        start_server: Any = aio_mod.create_server
+    else:
+        start_server = None
+
+    async def main() -> tuple[set[int], list[str]]:
+        loop = asyncio.get_running_loop()
+        seen: set[int] = set()
+        complaints: list[str] = []
+        loop.set_exception_handler(lambda lp, ctx: complaints.append(ctx["message"]))
+
+        transports: list[Any] = []
+
+        class Index(asyncio.Protocol):
+            def __init__(self) -> None:
+                self.buf = b""
+
+            def connection_made(self, transport: Any) -> None:
+                transports.append(transport)
+
+            def data_received(self, data: bytes) -> None:
+                self.buf += data
+                if len(self.buf) >= 4:
+                    seen.add(int.from_bytes(self.buf[:4], "big"))
+
+        if start_server is not None:
+            server = await start_server(Index, "127.0.0.1", 0, backlog=n)
+        else:
+            server = await loop.create_server(Index, "127.0.0.1", 0, backlog=n)
+        port = server.sockets[0].getsockname()[1]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        peer = rpeers.start(transport, "hold-many", port, n, "wait")
+        ready = loop.run_in_executor(None, peer.expect, "READY", 30.0)
+        holes, first_free = fill_fd_holes()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (first_free + 5, hard))
+        try:
+            tell(peer, "go")
+            await ready
+            await asyncio.sleep(0.5)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            close_fds(holes)
+        deadline = time.monotonic() + 20
+        while len(seen) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        server.close()
+        for t in transports:
+            t.close()
+        await asyncio.sleep(0.05)
+        return seen, complaints
+
+    seen, complaints = asyncio.run(main())
+    assert "socket.accept() out of system resource" in complaints
+    assert seen == set(range(n))

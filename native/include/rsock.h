@@ -123,6 +123,17 @@ int rsk_check_peer(rsk_sock *s);
 #define RSK_WATCH_FD 2
 int rsk_set_watch(rsk_sock *s, int mask);
 int rsk_set_interest(rsk_sock *s, int events);
+/* An unconnected endpoint whose connect goes on elsewhere (a thread of the
+ * caller's waits for a full backlog): while on, rsk_fileno does not poll
+ * writable, as a TCP socket's whose SYN is unanswered; off again, it polls
+ * writable (the connect's outcome is then read as SO_ERROR). */
+int rsk_set_dialing(rsk_sock *s, int on);
+/* The read end of the process's signal wakeup fd (Python's
+ * signal.set_wakeup_fd writes a byte into the other end when a signal
+ * arrives), -1 for none: a blocking call in the main thread returns
+ * -EINTR when a byte comes, even while it busy-polls.  Process-wide; a
+ * forked child starts with none. */
+int rsk_set_signal_fd(int fd);
 int rsk_get_opts(rsk_sock *s, struct rsk_opts *o);
 int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o);
 

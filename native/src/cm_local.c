@@ -127,7 +127,7 @@ static int cm_send(int fd, const struct cm_msg *m, const int *fds, int nfds)
  * rejected: the peer is untrusted.
  */
 static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
-		   int timeout_ms)
+		   int timeout_ms, int peek)
 {
 	union {
 		char buf[CMSG_SPACE(8 * sizeof(int))];
@@ -155,7 +155,8 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	mh.msg_control = u.buf;
 	mh.msg_controllen = sizeof(u.buf);
 	do
-		n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC |
+					     (peek ? MSG_PEEK : 0));
 	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return -errno;
@@ -172,6 +173,11 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	rc = 0;
 	if (n == 0)
 		rc = -ECONNRESET;
+	else if ((mh.msg_flags & MSG_CTRUNC) && ngot < CM_REQ_FDS &&
+		 n == sizeof(*m) && m->kind == CM_REQ)
+		/* the kernel could not give us the fds (our fd table is
+		 * full: it cannot say which limit), not the client's doing */
+		rc = -EMFILE;
 	else if (n != sizeof(*m) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
 		 m->magic != CM_MAGIC)
 		rc = -EPROTO;
@@ -300,6 +306,15 @@ int cm_req_ready(int fd)
 	return poll(&p, 1, 0) > 0;
 }
 
+/* Takes the peeked REQ (one record, whatever its length) off the queue. */
+static void cm_dequeue(int fd)
+{
+	struct cm_msg m;
+
+	while (recv(fd, &m, sizeof(m), MSG_DONTWAIT) < 0 && errno == EINTR)
+		;
+}
+
 int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		  char *detail, size_t dlen)
 {
@@ -309,9 +324,15 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 	(void)o; /* the client sized our half (README: differences) */
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
-	rc = cm_recv(fd, &req, fds, 0);
+	/* Peeked: the REQ (and its fds) stay queued until the connection is
+	 * ours, so that a shortage of fds or memory leaves the client waiting
+	 * for a later accept(), as TCP leaves it queued. */
+	rc = cm_recv(fd, &req, fds, 0, 1);
+	if (rc == -EMFILE)
+		return rc; /* client kept */
 	if (rc) {
 		snprintf(detail, dlen, "handshake: bad or missing request");
+		cm_dequeue(fd); /* closed with nothing unread: a hang-up */
 		close(fd);
 		return rc == -ETIMEDOUT ? -EPROTO : rc;
 	}
@@ -332,6 +353,7 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		snprintf(detail, dlen, "handshake: cannot map the client's ring");
 		goto reject;
 	}
+	cm_dequeue(fd); /* ours now (the kernel drops its copies of the fds) */
 	res->area = shm_qp_area(res->qp);
 	res->live_fd = fd;
 	res->ring = req.srv_ring_size;
@@ -342,10 +364,16 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 	res->dst = req.dst;
 	return 0;
 reject:
-	cm_reject(fd, -rc);
 	for (i = 0; i < CM_REQ_FDS; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
+	if (rc == -ENOMEM || rc == -EMFILE || rc == -ENFILE) {
+		/* our shortage: the client waits (REQ still queued) */
+		cm_result_release(res);
+		return rc;
+	}
+	cm_dequeue(fd);
+	cm_reject(fd, -rc);
 	close(fd);
 	cm_result_release(res);
 	return rc;
@@ -356,7 +384,7 @@ int cm_read_reject(int fd, char *detail, size_t dlen)
 	struct cm_msg m;
 	int fds[CM_REQ_FDS], rc;
 
-	rc = cm_recv(fd, &m, fds, 0);
+	rc = cm_recv(fd, &m, fds, 0, 0);
 	if (rc == 0 && m.kind == CM_REJ) {
 		snprintf(detail, dlen, "the listener refused the connection: %s",
 			 strerror(m.reason));
@@ -389,30 +417,63 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 	rc = cm_addr(name, namelen, &sa, &len);
 	if (rc)
 		return rc;
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	/* Blocking unless timeout_ms is 0: while the listener's backlog is
+	 * full the kernel sleeps in connect() until accept() makes room (no
+	 * polling), bounded by SO_SNDTIMEO, and a signal ends the wait with
+	 * -EINTR, so that the caller runs its handlers and tries again. */
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC |
+				     (timeout_ms == 0 ? SOCK_NONBLOCK : 0),
+		    0);
 	if (fd < 0)
 		return -errno;
 	for (;;) {
+		int64_t left = deadline < 0 ? 0 : deadline - eng_now_ns();
+
+		if (deadline >= 0 && timeout_ms > 0) {
+			struct timeval tv;
+
+			if (left < 1000)
+				left = 1000; /* 0 would mean forever */
+			tv.tv_sec = left / 1000000000;
+			tv.tv_usec = (left % 1000000000) / 1000;
+			setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		}
 		if (connect(fd, (struct sockaddr *)&sa, len) == 0)
 			break;
 		rc = errno;
-		if (rc == EINTR)
-			continue;
 		if (rc == ENOENT || rc == ECONNREFUSED) {
 			snprintf(detail, dlen, "no rsock listener");
 			rc = -ECONNREFUSED;
+			goto out;
+		}
+		if (rc == EINTR) {
+			rc = -EINTR;
 			goto out;
 		}
 		if (rc != EAGAIN) {
 			rc = -rc;
 			goto out;
 		}
-		/* the listener's backlog is full: retry until the deadline */
-		if (deadline >= 0 && eng_now_ns() >= deadline) {
-			rc = timeout_ms == 0 ? -EAGAIN : -ETIMEDOUT;
+		/* backlog full: SO_SNDTIMEO ran out, or non-blocking */
+		if (timeout_ms == 0) {
+			rc = -EAGAIN;
 			goto out;
 		}
-		usleep(1000);
+		if (deadline >= 0 && eng_now_ns() >= deadline) {
+			snprintf(detail, dlen, "the listener's backlog stayed full");
+			rc = -ETIMEDOUT;
+			goto out;
+		}
+	}
+	if (timeout_ms != 0) {
+		struct timeval tv = { 0, 0 };
+		int fl = fcntl(fd, F_GETFL);
+
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+			rc = -errno;
+			goto out;
+		}
 	}
 	if (!cm_peer_uid_ok(fd)) {
 		snprintf(detail, dlen, "the listener runs under another uid");

@@ -27,6 +27,9 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 #include "engine.h"
 #include "ring.h"
@@ -62,6 +65,80 @@ int eng_ms_left(int64_t deadline)
 		return 0;
 	left = (left + 999999) / 1000000;
 	return left > 1000000000 ? 1000000000 : (int)left;
+}
+
+/* ------------------------------------------------------------ signals */
+
+/*
+ * Python runs a signal's handler in the main thread, between bytecodes: a
+ * call blocked in C must return (-EINTR) for it to run.  The kernel gives
+ * a process's signal to the main thread unless it blocks it, and a signal
+ * ends a sleeping syscall with EINTR, so every sleep here is one that a
+ * signal interrupts (epoll_wait, a futex; never a condition variable).
+ * What no syscall sees is a signal handled while the thread runs in user
+ * space, as it does while it spins: Python's C handler only takes note.
+ * For that, rsock gives Python a wakeup fd (signal.set_wakeup_fd; the
+ * handler writes the signal's number into it): the main thread looks at
+ * it while it spins (every SPIN_SIG_LOOK_NS, and before it sleeps) and
+ * sleeps in poll() on it beside the socket's epoll fd.
+ */
+
+/* A spin longer than this looks at the wakeup fd this often. */
+#define SPIN_SIG_LOOK_NS 5000000ll
+
+static int eng_sigfd = -1; /* read end of Python's wakeup fd, or -1 */
+static __thread int eng_main_tls = -1; /* is this the main thread? */
+
+int rsk_set_signal_fd(int fd)
+{
+	if (fd < -1)
+		return -EINVAL;
+	__atomic_store_n(&eng_sigfd, fd, __ATOMIC_RELEASE);
+	return 0;
+}
+
+static int eng_is_main(void)
+{
+	if (eng_main_tls < 0)
+		eng_main_tls = syscall(SYS_gettid) == getpid();
+	return eng_main_tls;
+}
+
+/* The wakeup fd of this (main) thread, or -1. */
+static int eng_my_sigfd(void)
+{
+	int fd = __atomic_load_n(&eng_sigfd, __ATOMIC_ACQUIRE);
+
+	return fd >= 0 && eng_is_main() ? fd : -1;
+}
+
+/* Did a signal come (a byte in the wakeup fd)?  Drains it. */
+static int eng_sig_came(int sigfd)
+{
+	char b[64];
+	int came = 0;
+
+	if (sigfd < 0)
+		return 0;
+	while (read(sigfd, b, sizeof(b)) > 0)
+		came = 1;
+	return came;
+}
+
+/* The watcher thread blocks every asynchronous signal (not those a fault
+ * raises), so that a process's signals go to the program's threads. */
+static void eng_sig_block_all(sigset_t *old)
+{
+	sigset_t all;
+
+	sigfillset(&all);
+	sigdelset(&all, SIGSEGV);
+	sigdelset(&all, SIGBUS);
+	sigdelset(&all, SIGFPE);
+	sigdelset(&all, SIGILL);
+	sigdelset(&all, SIGTRAP);
+	sigdelset(&all, SIGABRT);
+	pthread_sigmask(SIG_BLOCK, &all, old);
 }
 
 /* ------------------------------------------------------------- options */
@@ -119,6 +196,7 @@ static void eng_set_detail(rsk_sock *s, const char *fmt, ...)
  * explicit shutdown() does.
  */
 static unsigned eng_fork_gen;  /* bumped in a child */
+static pthread_mutex_t eng_fix_lock = PTHREAD_MUTEX_INITIALIZER; /* eng_lock */
 static unsigned eng_fork_pgen; /* bumped in a parent */
 static uint32_t eng_pid;
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
@@ -134,8 +212,11 @@ static void eng_atfork_parent(void)
 
 static void eng_atfork_child(void)
 {
+	pthread_mutex_init(&eng_fix_lock, NULL);
 	eng_fork_gen++;
 	eng_pid = (uint32_t)getpid();
+	eng_main_tls = -1; /* the forking thread is the child's main thread */
+	__atomic_store_n(&eng_sigfd, -1, __ATOMIC_RELEASE); /* the parent's */
 	eng_watch_child();
 }
 
@@ -151,6 +232,31 @@ static void eng_init_once(void)
 	eng_pid = (uint32_t)getpid();
 	pthread_atfork(eng_atfork_prepare, eng_atfork_parent,
 		       eng_atfork_child);
+}
+
+/*
+ * A fork copies a socket's lock as it was: held, if another thread of the
+ * parent was inside a call, by a thread the child does not have.  So the
+ * first call a child makes on a socket older than the fork starts it a
+ * new lock, and forgets the calls that were in flight (their threads are
+ * not in the child).  eng_fix_lock makes that first time happen once.
+ */
+static void eng_lock(rsk_sock *s)
+{
+	if (__atomic_load_n(&s->lock_gen, __ATOMIC_ACQUIRE) != eng_fork_gen) {
+		pthread_mutex_lock(&eng_fix_lock);
+		if (s->lock_gen != eng_fork_gen) {
+			pthread_mutex_init(&s->lock, NULL);
+			s->users = 0;
+			s->fd_waiter = 0;
+			s->cwaiters = 0;
+			s->rx_busy = 0;
+			__atomic_store_n(&s->lock_gen, eng_fork_gen,
+					 __ATOMIC_RELEASE);
+		}
+		pthread_mutex_unlock(&eng_fix_lock);
+	}
+	pthread_mutex_lock(&s->lock);
 }
 
 /* Has this connection crossed a fork (in this process's view)? */
@@ -216,6 +322,7 @@ int rsk_socket(rsk_sock **out)
 	if (!s)
 		return -ENOMEM;
 	s->fork_gen = eng_fork_gen;
+	s->lock_gen = eng_fork_gen;
 	s->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (s->epfd < 0) {
 		int rc = -errno;
@@ -236,7 +343,6 @@ int rsk_socket(rsk_sock **out)
 	s->wslot = -1;
 	eng_fd_init(s);
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->cond, NULL);
 	s->live_fd = -1;
 	s->xfd = -1;
 	s->interest = RSK_POLLIN;
@@ -248,7 +354,7 @@ int rsk_socket(rsk_sock **out)
 /* Enter an API call: lock, refuse closed sockets, count the user. */
 static int eng_enter(rsk_sock *s)
 {
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	if (s->closed) {
 		pthread_mutex_unlock(&s->lock);
 		return -EBADF;
@@ -267,6 +373,7 @@ static void eng_release(rsk_sock *s);
 static void eng_sync_fd(rsk_sock *s);
 static int eng_progress(rsk_sock *s);
 static int eng_poll_live(rsk_sock *s);
+static void eng_wake(rsk_sock *s);
 
 static void eng_leave(rsk_sock *s)
 {
@@ -314,7 +421,7 @@ int rsk_check_peer(rsk_sock *s)
 
 int rsk_get_opts(rsk_sock *s, struct rsk_opts *o)
 {
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	*o = s->opts;
 	pthread_mutex_unlock(&s->lock);
 	return 0;
@@ -363,7 +470,7 @@ static void eng_fail(rsk_sock *s, int err, int tell_peer, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(s->detail, sizeof(s->detail), fmt, ap);
 	va_end(ap);
-	pthread_cond_broadcast(&s->cond);
+	eng_wake(s);
 }
 
 /* ------------------------------------------------------ control output */
@@ -751,7 +858,7 @@ static int eng_progress(rsk_sock *s)
 				/* flushed after the peer's orderly close: it
 				 * is gone, as a hang-up after FIN says */
 				s->flags |= F_PEER_GONE;
-				pthread_cond_broadcast(&s->cond);
+				eng_wake(s);
 			} else if (wc[i].status) {
 				eng_fail(s, ECONNRESET, 0,
 					 "provider %s: completion error (%s)",
@@ -767,7 +874,7 @@ static int eng_progress(rsk_sock *s)
 	s->st.completions += (uint64_t)total;
 	eng_flush_ctrl(s);
 	if (total)
-		pthread_cond_broadcast(&s->cond);
+		eng_wake(s);
 	return total;
 }
 
@@ -794,14 +901,15 @@ static void eng_check_live(rsk_sock *s)
 	/* gone: take in whatever it wrote before dying, then stop watching */
 	eng_progress(s);
 	if (!(s->flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
-	    s->ops->live_event) {
+	    s->ops->completions_lag && s->ops->completions_lag(s->qp)) {
 		/* A completion may lag behind the hang-up when the provider's
 		 * CM is another path than its completions (an HCA's do): give a
 		 * FIN that is on its way a short grace before calling this a
 		 * reset.  Not on shm: whatever the peer wrote (a FIN included)
 		 * is in our CQ ring before its liveness socket can close, so
 		 * the eng_progress above has seen it, and a dead peer costs
-		 * nobody a wait. */
+		 * nobody a wait.  (Known cost where it applies, verbs: this
+		 * grace is slept under the socket's lock.) */
 		int64_t until = eng_now_ns() + LIVE_GRACE_NS;
 
 		while (!(s->flags & (F_PEER_FIN | F_DEAD)) &&
@@ -820,7 +928,7 @@ static void eng_check_live(rsk_sock *s)
 			 "protocol violation: data on the liveness channel");
 	else if (!(s->flags & F_PEER_FIN) && !(s->flags & F_DEAD))
 		eng_fail(s, ECONNRESET, 0, "peer vanished without closing");
-	pthread_cond_broadcast(&s->cond);
+	eng_wake(s);
 }
 
 /* Non-blocking look at the liveness channel; 1 if the peer is gone. */
@@ -938,6 +1046,14 @@ static void eng_fd_init(rsk_sock *s)
 	shutdown(s->fb, SHUT_RD);
 }
 
+/* fa polls writable or not */
+static void eng_fd_writable(rsk_sock *s, int w)
+{
+	if (s->fb >= 0 && w == s->filled &&
+	    !eng_fd_sndbuf(s, w ? EN_SNDBUF_OPEN : EN_SNDBUF_SHUT))
+		s->filled = !w;
+}
+
 static void eng_sync_pair(rsk_sock *s)
 {
 	int r = eng_readable(s), w = eng_writable(s);
@@ -965,9 +1081,7 @@ static void eng_sync_pair(rsk_sock *s)
 			;
 		s->tok = 0;
 	}
-	if (w == s->filled && !eng_fd_sndbuf(s, w ? EN_SNDBUF_OPEN
-						    : EN_SNDBUF_SHUT))
-		s->filled = !w;
+	eng_fd_writable(s, w);
 }
 
 /* The watcher: its epoll and a table of watched connections.  epoll data
@@ -1013,7 +1127,7 @@ static void eng_watch_event(rsk_sock *s, int live)
 		s->kicked = 0;
 	}
 	eng_sync_fd(s);
-	pthread_cond_broadcast(&s->cond);
+	eng_wake(s);
 }
 
 static void *eng_watcher(void *arg)
@@ -1070,6 +1184,7 @@ static int eng_watch_add(rsk_sock *s)
 	if (eng_w.epfd < 0) {
 		pthread_t t;
 		pthread_attr_t a;
+		sigset_t sigs;
 
 		eng_w.epfd = epoll_create1(EPOLL_CLOEXEC);
 		if (eng_w.epfd < 0) {
@@ -1079,8 +1194,13 @@ static int eng_watch_add(rsk_sock *s)
 		pthread_attr_init(&a);
 		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
 		pthread_attr_setstacksize(&a, 256 * 1024);
+		/* the thread blocks every asynchronous signal (it inherits the
+		 * mask), so that a process's signals go to threads that run
+		 * the program's handlers */
+		eng_sig_block_all(&sigs);
 		rc = -pthread_create(&t, &a, eng_watcher,
 				     (void *)(intptr_t)eng_w.epfd);
+		pthread_sigmask(SIG_SETMASK, &sigs, NULL);
 		pthread_attr_destroy(&a);
 		if (rc) {
 			close(eng_w.epfd);
@@ -1207,6 +1327,8 @@ static int eng_want_wake(const rsk_sock *s)
  */
 static void eng_sync_fd(rsk_sock *s)
 {
+	if (s->kind == K_NEW && (s->watch & RSK_WATCH_FD))
+		eng_fd_writable(s, !s->dialing);
 	if (!s->watch || s->kind != K_CONN || s->released)
 		return;
 	if ((s->watch & RSK_WATCH_FD) && s->wslot < 0 && eng_watch_add(s))
@@ -1240,16 +1362,82 @@ static void eng_sync_fd(rsk_sock *s)
 typedef int (*eng_pred)(const rsk_sock *s);
 
 /*
+ * A thread that waits while another sleeps on the fd sleeps on a futex
+ * (s->cseq), not a condition variable, so that a signal ends its sleep
+ * (see "signals" at the top: the caller returns -EINTR, Python runs the
+ * handler and, PEP 475, calls again with the deadline it had).
+ */
+static void eng_wake(rsk_sock *s)
+{
+	if (s->cwaiters) {
+		s->cseq++;
+		syscall(SYS_futex, &s->cseq, FUTEX_WAKE_PRIVATE, INT_MAX,
+			NULL, NULL, 0);
+	}
+}
+
+/* epoll_wait, and (sigfd >= 0) a signal's byte in sigfd ends it with
+ * EINTR (drained) */
+static int eng_epoll_wait(int epfd, int sigfd, struct epoll_event *ev,
+			  int max, int ms)
+{
+	struct pollfd p[2];
+
+	if (sigfd < 0)
+		return epoll_wait(epfd, ev, max, ms);
+	p[0] = (struct pollfd){ .fd = epfd, .events = POLLIN };
+	p[1] = (struct pollfd){ .fd = sigfd, .events = POLLIN };
+	if (poll(p, 2, ms) < 0)
+		return -1;
+	if (eng_sig_came(sigfd)) {
+		errno = EINTR;
+		return -1;
+	}
+	return p[0].revents ? epoll_wait(epfd, ev, max, 0) : 0;
+}
+
+/* Sleep until eng_wake, the deadline or a signal (-EINTR); s->lock held
+ * on entry and exit, not meanwhile. */
+static int eng_sleep(rsk_sock *s, int64_t deadline)
+{
+	uint32_t seq = s->cseq;
+	struct timespec ts, *tsp = NULL;
+	long r;
+	int e;
+
+	if (deadline >= 0) {
+		int64_t d = deadline - eng_now_ns();
+
+		if (d <= 0)
+			return 0;
+		ts.tv_sec = d / 1000000000;
+		ts.tv_nsec = d % 1000000000;
+		tsp = &ts;
+	}
+	s->cwaiters++;
+	pthread_mutex_unlock(&s->lock);
+	r = syscall(SYS_futex, &s->cseq, FUTEX_WAIT_PRIVATE, seq, tsp, NULL,
+		    0);
+	e = errno;
+	pthread_mutex_lock(&s->lock);
+	s->cwaiters--;
+	return r < 0 && e == EINTR ? -EINTR : 0;
+}
+
+
+/*
  * Wait until ready(s), with s->lock held on entry and exit.  Spins for
  * opts.spin_us first (polling the CQ, yielding the CPU between polls so a
  * peer on the same core can run), then arms, re-polls and sleeps.
  * Returns 0 when ready, -EAGAIN (non-blocking), -ETIMEDOUT, -EINTR or
  * -EBADF (closed meanwhile).
  */
+
 static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 {
 	struct epoll_event ev[4];
-	int64_t spin_end = 0;
+	int64_t spin_end = 0, sig_look = 0;
+	int sigfd = eng_my_sigfd();
 	int n, i, rc;
 
 	for (;;) {
@@ -1270,10 +1458,19 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			return nb ? -EAGAIN : -ETIMEDOUT;
 		}
 		if (s->kind == K_CONN && s->opts.spin_us && spin_end >= 0) {
-			if (!spin_end)
-				spin_end = eng_now_ns() +
-					   (int64_t)s->opts.spin_us * 1000;
-			if (eng_now_ns() < spin_end) {
+			int64_t now = eng_now_ns();
+
+			if (!spin_end) {
+				spin_end = now + (int64_t)s->opts.spin_us * 1000;
+				sig_look = now + SPIN_SIG_LOOK_NS;
+			}
+			if (now >= sig_look && now < spin_end) {
+				/* a long spin looks for signals now and then */
+				sig_look = now + SPIN_SIG_LOOK_NS;
+				if (eng_sig_came(sigfd))
+					return -EINTR;
+			}
+			if (now < spin_end) {
 				int hit = s->ops->cq_pending(s->qp);
 
 				if (!hit) {
@@ -1286,25 +1483,14 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 				continue;
 			}
 			spin_end = -1;
+			if (eng_sig_came(sigfd))
+				return -EINTR; /* handled while we spun */
 		}
 		if (s->fd_waiter) {
-			/* someone sleeps on the fd; it broadcasts on progress */
-			if (deadline < 0) {
-				pthread_cond_wait(&s->cond, &s->lock);
-			} else {
-				struct timespec ts;
-				int64_t d = deadline - eng_now_ns();
-
-				clock_gettime(CLOCK_REALTIME, &ts);
-				d = d < 0 ? 0 : d;
-				ts.tv_sec += d / 1000000000;
-				ts.tv_nsec += d % 1000000000;
-				if (ts.tv_nsec >= 1000000000) {
-					ts.tv_sec++;
-					ts.tv_nsec -= 1000000000;
-				}
-				pthread_cond_timedwait(&s->cond, &s->lock, &ts);
-			}
+			/* someone sleeps on the fd; it wakes us on progress */
+			if (eng_sig_came(sigfd) ||
+			    eng_sleep(s, deadline) == -EINTR)
+				return -EINTR;
 			continue;
 		}
 		s->fd_waiter = 1;
@@ -1319,7 +1505,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 		}
 		s->st.sleeps++;
 		pthread_mutex_unlock(&s->lock);
-		n = epoll_wait(s->epfd, ev, 4, eng_ms_left(deadline));
+		n = eng_epoll_wait(s->epfd, sigfd, ev, 4, eng_ms_left(deadline));
 		rc = n < 0 ? -errno : 0;
 		pthread_mutex_lock(&s->lock);
 		s->fd_waiter = 0;
@@ -1330,7 +1516,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 				if (ev[i].data.fd == s->live_fd)
 					eng_check_live(s);
 		}
-		pthread_cond_broadcast(&s->cond);
+		eng_wake(s);
 		if (rc == -EINTR)
 			return rc;
 	}
@@ -1571,7 +1757,7 @@ int rsk_recv_done(rsk_sock *s, size_t n)
 {
 	int rc = 0;
 
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	if (!s->rx_busy) {
 		pthread_mutex_unlock(&s->lock);
 		return -EINVAL;
@@ -1587,7 +1773,7 @@ int rsk_recv_done(rsk_sock *s, size_t n)
 		if (s->fd_waiter && s->kind == K_CONN)
 			s->ops->kick(s->qp);
 	}
-	pthread_cond_broadcast(&s->cond);
+	eng_wake(s);
 	eng_leave(s); /* drops the user taken by rsk_recv_zc */
 	return rc;
 }
@@ -1607,7 +1793,7 @@ int rsk_shutdown(rsk_sock *s, int how)
 	} else {
 		if (how != RSK_SHUT_WR) {
 			s->flags |= F_RD_SHUT;
-			pthread_cond_broadcast(&s->cond);
+			eng_wake(s);
 			if (s->fd_waiter)
 				s->ops->kick(s->qp);
 		}
@@ -1617,7 +1803,7 @@ int rsk_shutdown(rsk_sock *s, int how)
 			eng_progress(s);
 			eng_flush_ctrl(s);
 			/* a sender blocked in another thread fails now (EPIPE) */
-			pthread_cond_broadcast(&s->cond);
+			eng_wake(s);
 			if (s->fd_waiter)
 				s->ops->kick(s->qp);
 		}
@@ -1630,7 +1816,7 @@ int rsk_poll(rsk_sock *s)
 {
 	int rev = 0;
 
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	if (s->closed || (eng_forked(s) && !eng_claim(s))) {
 		pthread_mutex_unlock(&s->lock);
 		return RSK_POLLERR;
@@ -1692,7 +1878,7 @@ int rsk_take_error(rsk_sock *s)
 {
 	int e;
 
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	e = s->so_error;
 	s->so_error = 0;
 	pthread_mutex_unlock(&s->lock);
@@ -1706,12 +1892,29 @@ const char *rsk_detail(rsk_sock *s)
 
 int rsk_stats(rsk_sock *s, struct rsk_stats *st)
 {
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	*st = s->st;
 	if (s->kind == K_CONN && !s->released)
 		st->notifies_sent = s->ops->notifies_sent(s->qp);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
+}
+
+/* Polling is not a use: on a connection that crossed a fork and that
+ * this process has not claimed, what to watch is only noted (*field =
+ * v, returns 1), to take effect once a real call claims it; the process
+ * that owns it, if any, keeps it. */
+static int eng_note_unowned(rsk_sock *s, int *field, int v)
+{
+	int noted = 0;
+
+	eng_lock(s);
+	if (!s->closed && eng_forked(s) && !eng_owned(s)) {
+		*field = v;
+		noted = 1;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return noted;
 }
 
 int rsk_set_watch(rsk_sock *s, int on)
@@ -1720,6 +1923,8 @@ int rsk_set_watch(rsk_sock *s, int on)
 
 	if (on & ~(RSK_WATCH_NOTIFY | RSK_WATCH_FD))
 		return -EINVAL;
+	if (eng_note_unowned(s, &s->watch, on))
+		return 0;
 	if ((rc = eng_enter(s)))
 		return rc;
 	if ((s->watch & RSK_WATCH_FD) && !(on & RSK_WATCH_FD))
@@ -1729,12 +1934,28 @@ int rsk_set_watch(rsk_sock *s, int on)
 	return 0;
 }
 
+int rsk_set_dialing(rsk_sock *s, int on)
+{
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind == K_NEW)
+		s->dialing = on != 0;
+	else
+		rc = on ? -EISCONN : 0;
+	eng_leave(s); /* syncs the fd */
+	return rc;
+}
+
 int rsk_set_interest(rsk_sock *s, int events)
 {
 	int rc;
 
 	if (events & ~(RSK_POLLIN | RSK_POLLOUT))
 		return -EINVAL;
+	if (eng_note_unowned(s, &s->interest, events))
+		return 0;
 	if ((rc = eng_enter(s)))
 		return rc;
 	s->interest = events;
@@ -1828,6 +2049,10 @@ int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog)
 		rc = -ENOSPC;
 	if (rc)
 		goto out;
+	if (!s->pend && !(s->pend = calloc(RSK_MAX_PEND, sizeof(*s->pend)))) {
+		rc = -ENOMEM;
+		goto out;
+	}
 	fd = cm_listen_fd(name, namelen, backlog);
 	if (fd < 0) {
 		rc = fd;
@@ -1877,12 +2102,21 @@ static int eng_xfd_ready(const rsk_sock *s)
 
 static void eng_pend_drop(rsk_sock *s, int i, int close_it)
 {
-	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->pend[i], NULL);
+	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->pend[i].fd, NULL);
 	if (close_it)
-		close(s->pend[i]);
-	s->npend--;
-	s->pend[i] = s->pend[s->npend];
-	s->pend_until[i] = s->pend_until[s->npend];
+		close(s->pend[i].fd);
+	s->pend[i] = s->pend[--s->npend];
+}
+
+/* The parked client that waited longest (its deadline is the earliest). */
+static int eng_pend_oldest(const rsk_sock *s)
+{
+	int i, o = 0;
+
+	for (i = 1; i < s->npend; i++)
+		if (s->pend[i].until < s->pend[o].until)
+			o = i;
+	return o;
 }
 
 /*
@@ -1892,55 +2126,111 @@ static void eng_pend_drop(rsk_sock *s, int i, int close_it)
  * fds are in epfd, so the listener turns readable then).  Returns 0 with
  * *res, -EAGAIN if nothing is ready, or -ENOMEM/-EMFILE/-ENFILE.
  */
-static int eng_accept_step(rsk_sock *s, struct cm_result *res)
+static int eng_short(int rc)
+{
+	return rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM;
+}
+
+/* Handshake of a client whose REQ arrived, into *cp (made here first, so
+ * that a shortage leaves the client as it was: see cm_accept_req). */
+static int eng_take(rsk_sock *s, int fd, struct cm_result *res,
+		    rsk_sock **cp)
+{
+	int rc;
+
+	if (!*cp && (rc = rsk_socket(cp)))
+		return rc;
+	return cm_accept_req(fd, &s->opts, res, s->detail, sizeof(s->detail));
+}
+
+static void eng_park(rsk_sock *s, int fd, int short_of, int64_t now)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+
+	if (s->npend == RSK_MAX_PEND) /* the longest silent goes */
+		eng_pend_drop(s, eng_pend_oldest(s), 1);
+	if (!short_of && epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		close(fd);
+		return;
+	}
+	s->pend[s->npend++] = (struct eng_pend){
+		.fd = fd, .short_of = short_of,
+		.until = now + (short_of ? CM_SHORT_WAIT_NS : CM_REQ_WAIT_NS)
+	};
+}
+
+/*
+ * One step of accepting, never blocking: a pending client whose REQ has
+ * arrived is handshaken; new clients are taken off the listening fds and
+ * either handshaken at once or parked until their REQ comes (the parked
+ * fds are in epfd, so the listener turns readable then).  Returns 0 with
+ * *res (and *cp made), -EAGAIN if nothing is ready, or -ENOMEM/-EMFILE/
+ * -ENFILE: then every client stays (parked, or in the kernel's queue)
+ * for a later accept, as TCP keeps them queued.
+ */
+static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp)
 {
 	int64_t now = eng_now_ns();
-	int i, fd, rc;
+	int i, fd, rc, short_rc = 0;
 
 	for (i = 0; i < s->npend;) {
-		fd = s->pend[i];
-		if (cm_req_ready(fd)) {
-			eng_pend_drop(s, i, 0);
-			if (cm_accept_req(fd, &s->opts, res, s->detail,
-					  sizeof(s->detail)) == 0)
+		struct eng_pend *p = &s->pend[i];
+
+		fd = p->fd;
+		if (p->short_of || cm_req_ready(fd)) {
+			rc = eng_take(s, fd, res, cp);
+			if (rc == 0) {
+				eng_pend_drop(s, i, 0);
 				return 0;
-			continue; /* a bad client costs only itself */
+			}
+			if (!eng_short(rc)) {
+				eng_pend_drop(s, i, 0); /* a bad client costs only
+							 * itself (fd closed) */
+				continue;
+			}
+			short_rc = rc;
+			if (!p->short_of) {
+				/* waits for fds or memory now, not for its REQ:
+				 * out of epfd, whose level would not drop */
+				epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
+				p->short_of = 1;
+				p->until = now + CM_SHORT_WAIT_NS;
+			}
 		}
-		if (now >= s->pend_until[i]) {
-			eng_pend_drop(s, i, 1); /* silent for too long */
+		if (now >= p->until) {
+			if (p->short_of) {
+				p->short_of = 0; /* not in epfd: nothing to del */
+				close(fd);
+				s->pend[i] = s->pend[--s->npend];
+			} else {
+				eng_pend_drop(s, i, 1); /* silent for too long */
+			}
 			continue;
 		}
 		i++;
 	}
+	if (short_rc)
+		return short_rc; /* short of fds or memory: take no one new */
 	for (i = 0; i < s->nlfd; i++) {
 		for (;;) {
-			struct epoll_event ev = { .events = EPOLLIN };
-
 			fd = cm_accept_conn(s->lfd[i], s->detail, sizeof(s->detail));
 			if (fd == -EAGAIN)
 				break;
-			if (fd == -EMFILE || fd == -ENFILE || fd == -ENOMEM)
+			if (eng_short(fd))
 				return fd;
 			if (fd < 0)
 				continue;
 			if (cm_req_ready(fd)) {
-				rc = cm_accept_req(fd, &s->opts, res, s->detail,
-						   sizeof(s->detail));
+				rc = eng_take(s, fd, res, cp);
 				if (rc == 0)
 					return 0;
+				if (eng_short(rc)) {
+					eng_park(s, fd, 1, now);
+					return rc;
+				}
 				continue;
 			}
-			if (s->npend == RSK_MAX_PEND) {
-				close(fd); /* too many silent clients */
-				continue;
-			}
-			ev.data.fd = fd;
-			if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-				close(fd);
-				continue;
-			}
-			s->pend[s->npend] = fd;
-			s->pend_until[s->npend++] = now + CM_REQ_WAIT_NS;
+			eng_park(s, fd, 0, now);
 		}
 	}
 	if (s->vl && cm_verbs_accept(s->vl, res) == 0)
@@ -1956,8 +2246,8 @@ static int eng_accept_wait_ms(const rsk_sock *s, int64_t deadline)
 	int i;
 
 	for (i = 0; i < s->npend; i++)
-		if (until < 0 || s->pend_until[i] < until)
-			until = s->pend_until[i];
+		if (until < 0 || s->pend[i].until < until)
+			until = s->pend[i].until;
 	return eng_ms_left(until);
 }
 
@@ -1970,6 +2260,8 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 	rsk_sock *c = NULL;
 	int rc, n;
 
+	memset(&res, 0, sizeof(res));
+	res.live_fd = -1;
 	*out = NULL;
 	if ((rc = eng_enter(s)))
 		return rc;
@@ -1978,7 +2270,7 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 		goto out;
 	}
 	for (;;) {
-		rc = eng_accept_step(s, &res);
+		rc = eng_accept_step(s, &res, &c);
 		if (rc != -EAGAIN)
 			break;
 		if (eng_xfd_ready(s)) {
@@ -2009,8 +2301,7 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 	}
 	if (rc < 0)
 		goto out;
-	rc = rsk_socket(&c);
-	if (rc)
+	if (!c && (rc = rsk_socket(&c))) /* verbs: no c made yet */
 		goto fail;
 	c->opts = s->opts;
 	rc = eng_attach(c, &res);
@@ -2021,12 +2312,13 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 	if (dst)
 		*dst = res.dst;
 	*out = c;
-	goto out;
+	eng_leave(s);
+	return 0;
 fail:
 	cm_result_release(&res);
-	if (c)
-		rsk_free(c);
 out:
+	if (c)
+		rsk_free(c); /* made for a client that is not (yet) ours */
 	eng_leave(s);
 	return rc;
 }
@@ -2151,7 +2443,7 @@ int rsk_addrs(rsk_sock *s, struct rsk_addr *local, struct rsk_addr *peer)
 {
 	int rc = 0;
 
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	if (s->kind != K_CONN) {
 		rc = -ENOTCONN;
 	} else {
@@ -2166,7 +2458,7 @@ const char *rsk_provider(rsk_sock *s)
 {
 	const char *n = "";
 
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	if (s->kind == K_CONN && s->ops)
 		n = s->ops->name;
 	pthread_mutex_unlock(&s->lock);
@@ -2194,8 +2486,10 @@ static void eng_release(rsk_sock *s)
 		close(s->lfd[i]);
 	s->nlfd = 0;
 	for (i = 0; i < s->npend; i++)
-		close(s->pend[i]);
+		close(s->pend[i].fd);
 	s->npend = 0;
+	free(s->pend);
+	s->pend = NULL;
 	if (s->vl)
 		cm_verbs_listen_close(s->vl);
 	s->vl = NULL;
@@ -2213,7 +2507,7 @@ static void eng_release(rsk_sock *s)
 
 int rsk_close(rsk_sock *s)
 {
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	if (s->closed) {
 		pthread_mutex_unlock(&s->lock);
 		return 0;
@@ -2231,7 +2525,7 @@ int rsk_close(rsk_sock *s)
 		}
 	}
 	s->closed = 1;
-	pthread_cond_broadcast(&s->cond);
+	eng_wake(s);
 	if (s->users == 0) {
 		eng_release(s);
 	} else if (s->kind == K_CONN && s->qp && !eng_forked(s)) {
@@ -2252,7 +2546,7 @@ void rsk_free(rsk_sock *s)
 	if (!s)
 		return;
 	rsk_close(s);
-	pthread_mutex_lock(&s->lock);
+	eng_lock(s);
 	if (s->users) {
 		/* cannot happen through the Python layer (the handle outlives
 		 * every call); leak rather than free memory in use */
@@ -2261,7 +2555,6 @@ void rsk_free(rsk_sock *s)
 	}
 	pthread_mutex_unlock(&s->lock);
 	eng_watch_forget(s);
-	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
 }

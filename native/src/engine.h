@@ -76,9 +76,21 @@ enum rsk_kind { K_NEW = 0, K_LISTEN, K_CONN };
 
 #define RSK_MAX_NAMES 4
 /* Clients that connected to a listener but have not sent their REQ yet
- * wait here (not in accept()), at most CM_REQ_WAIT_NS each. */
-#define RSK_MAX_PEND 32
+ * wait here (not in accept()), at most CM_REQ_WAIT_NS each, all at once;
+ * when RSK_MAX_PEND wait, the one that waited longest makes room (a real
+ * client sends its REQ right after connecting: only a silent one waits). */
+#define RSK_MAX_PEND 128
 #define CM_REQ_WAIT_NS 1000000000ll
+
+struct eng_pend {
+	int fd;
+	int short_of; /* its handshake met our shortage of fds or memory */
+	int64_t until;
+};
+
+/* A client whose handshake met our shortage waits this long for fds or
+ * memory to come back (TCP keeps it queued for as long). */
+#define CM_SHORT_WAIT_NS 60000000000ll
 
 struct rsk_sock {
 	/*
@@ -86,10 +98,13 @@ struct rsk_sock {
 	 * provider.  It is the only lock of a socket (there is no lock order
 	 * to keep); it is never held while sleeping: exactly one thread (the
 	 * fd_waiter) sleeps in epoll_wait on epfd, every other waiter sleeps
-	 * on `cond`, and whoever makes progress broadcasts `cond`.
+	 * on the futex `cseq` (eng_sleep), and whoever makes progress wakes
+	 * them (eng_wake).
 	 */
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
+	unsigned lock_gen; /* eng_fork_gen when lock was made (eng_lock) */
+	uint32_t cseq;  /* futex: bumped by eng_wake while cwaiters > 0 */
+	int cwaiters;   /* threads in eng_sleep */
 	int epfd;
 	enum rsk_kind kind;
 	int users;    /* calls in flight (and a held zero-copy receive) */
@@ -112,8 +127,7 @@ struct rsk_sock {
 	int nlfd;
 	int xfd; /* rsk_listen_fd: not owned, -1 if none */
 	struct cmv_listener *vl; /* rsk_listen_verbs: rdma_cm listener */
-	int pend[RSK_MAX_PEND];
-	int64_t pend_until[RSK_MAX_PEND];
+	struct eng_pend *pend; /* RSK_MAX_PEND, allocated by rsk_listen */
 	int npend;
 
 	/* connection */
@@ -160,6 +174,7 @@ struct rsk_sock {
 	int fa, fb;
 	int tok;    /* a token sits in fa */
 	int filled; /* fa's send buffer is shrunk: not writable */
+	int dialing; /* K_NEW: rsk_set_dialing (fa not writable) */
 	int wslot;  /* our slot in the watcher thread's table, -1 if none
 		     * (taken and dropped under s->lock; the table's own lock
 		     * comes after it) */
@@ -224,7 +239,9 @@ int cm_accept_conn(int lfd, char *detail, size_t dlen);
 /* Has an accepted client's REQ arrived (is its fd readable)? */
 int cm_req_ready(int fd);
 /* Handshake of an accepted client whose REQ arrived; takes fd (0 with
- * *res filled, or -errno and fd closed). */
+ * *res filled, or -errno and fd closed), except on our own shortage
+ * (-EMFILE, -ENFILE, -ENOMEM): then fd stays open with the REQ still
+ * queued, for a later try. */
 int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		  char *detail, size_t dlen);
 int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,

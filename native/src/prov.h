@@ -71,6 +71,11 @@ struct prov_ops {
 	 * is gone, 0 if not.  NULL: the liveness fd is the local CM's Unix
 	 * socket (the engine reads it itself). */
 	int (*live_event)(struct prov_qp *qp);
+	/* May a completion the peer caused show up after the liveness fd
+	 * reported its end?  (An HCA's may: the CM is another path.  shm's
+	 * cannot: the peer wrote it into our CQ ring before its socket
+	 * closed.)  NULL: never. */
+	int (*completions_lag)(struct prov_qp *qp);
 	void (*destroy)(struct prov_qp *qp);
 };
 

@@ -980,6 +980,13 @@ static void shm_destroy(struct prov_qp *qp)
 	free(qp);
 }
 
+/* Only the delay fault makes completions lag behind the peer's end. */
+static int shm_completions_lag(struct prov_qp *qp)
+{
+	(void)qp;
+	return fault.delay_ms != 0;
+}
+
 const struct prov_ops shm_ops = {
 	.name = "shm",
 	.post_recv = shm_post_recv,
@@ -994,5 +1001,6 @@ const struct prov_ops shm_ops = {
 	.notify_fd = shm_notify_fd,
 	.owner_word = shm_owner_word,
 	.notifies_sent = shm_notifies_sent,
+	.completions_lag = shm_completions_lag,
 	.destroy = shm_destroy,
 };

@@ -710,6 +710,12 @@ static uint64_t vq_notifies_sent(struct prov_qp *q)
 }
 
 /* The CM channel of the connection fired: 1 when the peer is gone. */
+static int vq_completions_lag(struct prov_qp *q)
+{
+	(void)q;
+	return 1;
+}
+
 static int vq_live_event(struct prov_qp *q)
 {
 	struct rdma_cm_event *ev;
@@ -813,6 +819,7 @@ const struct prov_ops verbs_ops = {
 	.owner_word = vq_owner_word,
 	.notifies_sent = vq_notifies_sent,
 	.live_event = vq_live_event,
+	.completions_lag = vq_completions_lag,
 	.destroy = vq_destroy,
 };
 
