@@ -24,6 +24,7 @@ import pytest
 # Set before anything imports rsock; the peer processes inherit it.
 os.environ["RSOCK_FALLBACK"] = "never"
 
+from robust_peer import RobustPeers  # noqa: E402
 from support import Peers, assert_fast_path, connected_pair, load_sockmod  # noqa: E402
 
 TRANSPORTS = ["tcp", "rsock"]
@@ -45,6 +46,16 @@ def _reap_multiprocessing_children() -> Iterator[None]:
     for child in multiprocessing.active_children():
         child.kill()
         child.join(10)
+
+
+@pytest.fixture
+def rpeers() -> Iterator[RobustPeers]:
+    """``robust_peer.py`` children, killed at the end of the test."""
+    manager = RobustPeers()
+    try:
+        yield manager
+    finally:
+        manager.cleanup()
 
 
 @pytest.fixture

@@ -178,6 +178,16 @@ class RobustPeers:
 # --------------------------------------------------------------------------- data
 
 
+def recv_index(conn: Any) -> int:
+    """The 4-byte index a ``hold-many`` connection sends first."""
+    idx = b""
+    while len(idx) < 4:
+        chunk = conn.recv(4 - len(idx))
+        assert chunk, "the connection ended before its index"
+        idx += chunk
+    return int.from_bytes(idx, "big")
+
+
 def pattern(seed: int, n: int) -> bytes:
     return random.Random(seed).randbytes(n)
 

@@ -5,6 +5,7 @@ connections (socketserver.ForkingTCPServer, on both transports)."""
 from __future__ import annotations
 
 import os
+import socket
 import socketserver
 import threading
 from types import ModuleType
@@ -101,3 +102,52 @@ def test_child_serves_while_parent_watches(sockmod: ModuleType, transport: str) 
             finally:
                 _, status = os.waitpid(pid, 0)
             assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("waiter", ["select", "poll", "selectors"])
+@pytest.mark.parametrize("child", ["exits", "lives"])
+def test_parent_polling_after_fork_sees_new_data(
+    sockmod: ModuleType, pair: tuple[Any, Any], waiter: str, child: str
+) -> None:
+    """A process polls a connection, forks a child that does nothing with it
+    (exits at once, or lives on, as a pool worker does), and goes on
+    polling: data and EOF that arrive after the fork wake it."""
+    import select
+    import selectors
+    import signal
+    import time
+
+    a, b = pair
+
+    def readable(timeout: float) -> bool:
+        if waiter == "select":
+            return bool(select.select([a], [], [], timeout)[0])
+        if waiter == "poll":
+            p = select.poll()
+            p.register(a, select.POLLIN)
+            return bool(p.poll(timeout * 1000))
+        with selectors.DefaultSelector() as sel:
+            sel.register(a, selectors.EVENT_READ)
+            return bool(sel.select(timeout))
+
+    assert not readable(0.05)  # watched since before the fork
+    pid = os.fork()
+    if pid == 0:
+        if child == "lives":
+            time.sleep(30)
+        os._exit(0)
+    try:
+        if child == "exits":
+            os.waitpid(pid, 0)
+        for round_ in range(3):
+            b.sendall(b"after fork %d" % round_)
+            assert readable(5), f"round {round_}: the data never woke the parent"
+            assert recv_exact(a, 12) == b"after fork %d" % round_
+        b.shutdown(socket.SHUT_WR)
+        assert readable(5)
+        assert a.recv(10) == b""
+    finally:
+        if child == "lives":
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

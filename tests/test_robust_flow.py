@@ -16,7 +16,6 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -25,15 +24,6 @@ from robust_peer import RobustPeers, pattern
 from support import Background, MiB, assert_fast_path, connected_pair, provider_of
 
 SMALL_RING = 65536
-
-
-@pytest.fixture
-def rpeers() -> Iterator[RobustPeers]:
-    manager = RobustPeers()
-    try:
-        yield manager
-    finally:
-        manager.cleanup()
 
 
 # --------------------------------------------------------------------------- stalled

@@ -21,7 +21,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from types import ModuleType, SimpleNamespace
 from typing import Any, TypeVar
 
@@ -36,15 +36,6 @@ T = TypeVar("T")
 # margin for the kernel to deliver SIGKILL and tear the process down).
 DETECT_LIMIT_S = 1.0
 KILL_DELIVERY_MARGIN_S = 0.25
-
-
-@pytest.fixture
-def rpeers() -> Iterator[RobustPeers]:
-    manager = RobustPeers()
-    try:
-        yield manager
-    finally:
-        manager.cleanup()
 
 
 def kill_now(peer: RobustPeer) -> float:

@@ -14,22 +14,13 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
-from robust_peer import RobustPeer, RobustPeers
+from robust_peer import RobustPeer, RobustPeers, recv_index
 from support import assert_fast_path, provider_of
-
-
-@pytest.fixture
-def rpeers() -> Iterator[RobustPeers]:
-    manager = RobustPeers()
-    try:
-        yield manager
-    finally:
-        manager.cleanup()
 
 
 def tell(peer: RobustPeer, line: str) -> None:
@@ -209,11 +200,7 @@ def accept_held(listener: Any, peer: RobustPeer, n: int) -> list[Any]:
         conn, _ = listener.accept()
         conns.append(conn)
         conn.settimeout(10)
-        idx = b""
-        while len(idx) < 4:
-            chunk = conn.recv(4 - len(idx))
-            assert chunk
-            idx += chunk
+        recv_index(conn)
         conn.setblocking(False)
     peer.expect("READY", timeout=60)
     return conns

@@ -11,12 +11,11 @@ import hashlib
 import resource
 import selectors
 import time
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
-from robust_peer import RobustPeers, fd_count, pattern, rsock_maps, status_kib
+from robust_peer import RobustPeers, fd_count, pattern, recv_index, rsock_maps, status_kib
 from support import assert_fast_path
 
 N = 1000
@@ -138,15 +137,6 @@ def test_thousand_concurrent_connections(sockmod: ModuleType, transport: str) ->
     assert len(rsock_maps()) == maps0
 
 
-@pytest.fixture
-def rpeers() -> Iterator[RobustPeers]:
-    manager = RobustPeers()
-    try:
-        yield manager
-    finally:
-        manager.cleanup()
-
-
 @pytest.mark.timeout_s(120)
 def test_thousand_connections_from_another_process(
     sockmod: ModuleType, transport: str, rpeers: RobustPeers
@@ -168,12 +158,7 @@ def test_thousand_connections_from_another_process(
                 conn, _ = listener.accept()
                 conns.append(conn)
                 conn.settimeout(10)
-                idx = b""
-                while len(idx) < 4:
-                    chunk = conn.recv(4 - len(idx))
-                    assert chunk
-                    idx += chunk
-                seen.add(int.from_bytes(idx, "big"))
+                seen.add(recv_index(conn))
             assert seen == set(range(N))
             assert_fast_path(transport, *conns)
             peer.expect("READY", timeout=60)

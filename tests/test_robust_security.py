@@ -21,7 +21,7 @@ import signal
 import socket
 import stat
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import test_robust_hostile as h  # (imported here: the uid-65534 child cannot read the stdlib)
@@ -32,15 +32,6 @@ from test_socket_behaviour import connect_to_holding_peer
 import rsock
 
 NOBODY = 65534
-
-
-@pytest.fixture
-def rpeers() -> Iterator[RobustPeers]:
-    manager = RobustPeers()
-    try:
-        yield manager
-    finally:
-        manager.cleanup()
 
 
 def foreign_dev_shm_entries(before: set[str]) -> set[str]:

@@ -280,6 +280,13 @@ static int eng_owned(rsk_sock *s)
 					   : eng_pid);
 }
 
+/* Has nobody used a connection that crossed a fork since the fork? */
+static int eng_unclaimed(rsk_sock *s)
+{
+	return __atomic_load_n(s->ops->owner_word(s->qp), __ATOMIC_ACQUIRE) ==
+	       s->creator;
+}
+
 /*
  * May this process use a connection that crossed a fork?  The creator may
  * as long as nobody claimed it (and marks it used); another process may
@@ -1113,9 +1120,19 @@ static void eng_watch_event(rsk_sock *s, int live)
 	if (s->closed || s->released || s->kind != K_CONN ||
 	    !(s->watch & RSK_WATCH_FD))
 		return;
-	if (eng_forked(s) && !eng_owned(s))
-		return; /* not ours (yet): the watcher never claims one, so the
-			 * child of an accept-then-fork server still can */
+	if (eng_forked(s) && !eng_owned(s)) {
+		/* Not ours (yet): the watcher never claims one, so the child
+		 * of an accept-then-fork server still can.  But while nobody
+		 * has claimed it since the fork, it is this process's to take:
+		 * fa turns readable ("come and look", without driving it), or
+		 * the edge would be lost and a parent that polls it would
+		 * never wake (its first call then claims it and reads). */
+		if (eng_unclaimed(s) && s->fb >= 0 && !s->tok &&
+		    (live || s->ops->cq_pending(s->qp)) &&
+		    send(s->fb, "r", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
+			s->tok = 1;
+		return;
+	}
 	eng_progress(s);
 	if (live)
 		eng_poll_live(s);
