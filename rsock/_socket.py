@@ -131,6 +131,9 @@ def provider_config() -> tuple[str, _ll.Opts]:
     return os.environ.get("RSOCK_PROVIDER", "") or "shm", opts
 
 
+_MAX_WAIT_MS = 2**31 - 1
+
+
 def _timeout_ms(timeout: float | None, deadline: float | None) -> int:
     """Milliseconds for C: -1 forever, 0 non-blocking, else what is left."""
     if timeout is None:
@@ -141,7 +144,9 @@ def _timeout_ms(timeout: float | None, deadline: float | None) -> int:
     left = deadline - time.monotonic()
     if left <= 0:
         return 1  # expire in C, so data already there is still taken
-    return max(1, math.ceil(left * 1000))
+    # C takes an int of milliseconds: one wait is cut to ~24.8 days (the
+    # stdlib takes any timeout; a wait that long ends as a timeout here)
+    return min(max(1, math.ceil(left * 1000)), _MAX_WAIT_MS)
 
 
 def _not_int(v: object) -> str:

@@ -1083,3 +1083,15 @@ def test_asyncio_server_at_the_fd_limit_serves_every_client_later(
     seen, complaints = asyncio.run(main())
     assert "socket.accept() out of system resource" in complaints
     assert seen == set(range(n))
+
+
+@pytest.mark.parametrize("days", [25, 365 * 100])
+def test_timeouts_of_many_days_work(pair: tuple[Any, Any], days: int) -> None:
+    """A timeout longer than an int of milliseconds (~24.8 days) is taken, as
+    by the stdlib; calls with data there succeed."""
+    a, b = pair
+    a.settimeout(days * 86400.0)
+    a.sendall(b"x")
+    assert b.recv(1) == b"x"
+    b.sendall(b"y")
+    assert a.recv(1) == b"y"
