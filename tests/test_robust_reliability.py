@@ -1095,3 +1095,26 @@ def test_timeouts_of_many_days_work(pair: tuple[Any, Any], days: int) -> None:
     assert b.recv(1) == b"x"
     b.sendall(b"y")
     assert a.recv(1) == b"y"
+
+
+@pytest.mark.parametrize("first", ["send", "sendall"])
+def test_first_send_after_the_peer_closed_goes_out(
+    sockmod: ModuleType, pair: tuple[Any, Any], first: str
+) -> None:
+    """The peer closed in order and is gone: an empty send returns 0, the
+    first send with data succeeds (TCP's goes out and is answered by a
+    reset), later ones raise BrokenPipeError, and we read EOF."""
+    a, b = pair
+    b.close()
+    time.sleep(0.1)
+    assert a.send(b"") == 0
+    if first == "send":
+        assert a.send(b"late") == 4
+    else:
+        a.sendall(b"late")
+    time.sleep(0.05)
+    with pytest.raises(BrokenPipeError):
+        a.send(b"later")
+    with pytest.raises(BrokenPipeError):
+        a.sendall(b"")
+    assert a.recv(10) == b""

@@ -1593,6 +1593,18 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 		eng_check_live(s); /* a peer that closed makes sends fail */
 	else
 		eng_live_tick(s);
+	if (s->kind == K_CONN &&
+	    (s->flags & (F_PEER_FIN | F_PEER_GONE | F_DEAD | F_WR_SHUT |
+			 F_SENT_LATE)) == (F_PEER_FIN | F_PEER_GONE)) {
+		/* The peer closed in order and is gone.  TCP's first send then
+		 * still goes out (the peer's kernel answers it with a reset),
+		 * and only later ones fail with EPIPE: the same here, the
+		 * bytes being dropped (a zero-length send changes nothing). */
+		if (len)
+			s->flags |= F_SENT_LATE;
+		eng_leave(s);
+		return (ssize_t)len;
+	}
 	while ((rc = send_error(s, done > 0)) == 0 && (done < len || len == 0)) {
 		uint64_t space;
 		uint32_t n, credits;

@@ -66,6 +66,7 @@ _Static_assert(sizeof(struct eng_ctrl) == 16, "ctrl slot is 16 bytes");
 #define F_PEER_FIN 0x08  /* the peer sent FIN */
 #define F_PEER_GONE 0x10 /* the peer's liveness channel closed */
 #define F_DEAD 0x20      /* QP unusable: error or reset */
+#define F_SENT_LATE 0x40 /* a send went to a peer already closed (dropped) */
 
 /* pending control messages */
 #define P_CREDIT 0x1
