@@ -360,7 +360,6 @@ class _Core:
         "detail",
         "so_error",
         "nb",
-        "nb_dst",
         "nb_done",
         "bufreq",
         "ring_set",
@@ -380,7 +379,6 @@ class _Core:
         self.detail = ""
         self.so_error = 0  # a non-blocking connect's outcome, read by SO_ERROR
         self.nb = 0  # _NB_*: a non-blocking connect reported EINPROGRESS
-        self.nb_dst: tuple[Any, ...] | None = None
         self.nb_done: threading.Event | None = None  # set when _NB_PENDING ends
         # ring sizes asked for with SO_RCVBUF / SO_SNDBUF (0: not set)
         self.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
@@ -678,10 +676,6 @@ class socket:
 
     def getblocking(self) -> bool:
         return self._timeout != 0.0
-
-    def _deadline(self) -> float | None:
-        t = self._timeout
-        return None if t is None or t == 0.0 else time.monotonic() + t
 
     def _clock(self) -> tuple[float | None, float | None]:
         """(timeout, deadline) as they stand when a call starts: the call
@@ -1055,7 +1049,7 @@ class socket:
         if self._provider_name == "tcp":
             return _FALLBACK
         if self._timeout != 0.0:
-            ms = _timeout_ms(self._timeout, self._deadline())
+            ms = _timeout_ms(*self._clock())
             rc = self._dial(h, core, dst, ms if ms >= 0 else self._give_up_ms())
             return self._fallback_or(rc)
         # Non-blocking: like TCP, "in progress"; the outcome is read with
@@ -1088,19 +1082,14 @@ class socket:
         """A non-blocking connect met a full backlog: a thread waits in the
         engine's connect (the kernel wakes it when accept() makes room) and
         the fd polls writable when it is done, as TCP's after the SYN-ACK."""
-        core.nb, core.nb_dst, core.nb_done = _NB_PENDING, dst, threading.Event()
+        core.nb, core.nb_done = _NB_PENDING, threading.Event()
         _ll.set_dialing(h, True)
         give_up = self._give_up_ms()
         done = core.nb_done
 
         def dial() -> None:
-            deadline = time.monotonic() + give_up / 1000
             try:
-                while True:
-                    rc = self._dial(h, core, dst, _timeout_ms(1.0, deadline))
-                    if rc != -_errno.EINTR:
-                        break
-                rc = self._fallback_or(rc)
+                rc = self._fallback_or(self._dial(h, core, dst, give_up))  # retries EINTR
                 if rc == _FALLBACK:
                     rc = -_errno.ECONNREFUSED  # TCP fallback: not behind a pending connect
                 if rc >= 0:

@@ -107,7 +107,6 @@ class RsockTransport(asyncio.Transport):
         # then reads copy straight out of the ring
         self._scratch = bytearray(_SCRATCH)
         self._scratch_mv = memoryview(self._scratch)
-        self._later_error = 0  # an engine error met after data (-errno)
         if server is not None:
             server._attach()
         self._loop.call_soon(self._connection_made, waiter)
@@ -186,6 +185,7 @@ class RsockTransport(asyncio.Transport):
         # means the ring is empty: stop there, the engine keeps the fd
         # readable if more arrives (level-triggered), so nothing is missed.
         addr = self._h.addr
+        late = 0  # an engine error met after data (-errno): reported after it
         for _ in range(_READS_PER_WAKEUP):
             if not self._reading or self._conn_lost:
                 return
@@ -227,7 +227,7 @@ class RsockTransport(asyncio.Transport):
                             data += r
                         elif r not in (-errno.EAGAIN, -errno.EINTR):
                             # reported once: deliver the data, then this
-                            self._later_error = r
+                            late = r
                     try:
                         self._protocol.data_received(data)  # type: ignore[attr-defined]
                     except (SystemExit, KeyboardInterrupt):
@@ -237,8 +237,8 @@ class RsockTransport(asyncio.Transport):
                             exc, "Fatal error: protocol.data_received() call failed."
                         )
                         return
-                    if self._later_error:
-                        n, self._later_error = self._later_error, 0
+                    if late:
+                        n = late
                     elif n < _SCRATCH:
                         return
                     else:

@@ -409,6 +409,7 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 	struct cm_msg req;
 	socklen_t len;
 	int fd, rc, srv_memfd = -1, srv_evfd = -1, fds[CM_REQ_FDS];
+	int blocking = 0;
 
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
@@ -417,27 +418,16 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 	rc = cm_addr(name, namelen, &sa, &len);
 	if (rc)
 		return rc;
-	/* Blocking unless timeout_ms is 0: while the listener's backlog is
-	 * full the kernel sleeps in connect() until accept() makes room (no
-	 * polling), bounded by SO_SNDTIMEO, and a signal ends the wait with
-	 * -EINTR, so that the caller runs its handlers and tries again. */
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC |
-				     (timeout_ms == 0 ? SOCK_NONBLOCK : 0),
-		    0);
+	/* Non-blocking first (the usual case: the backlog has room, and it
+	 * costs nothing more).  If the backlog is full and we may wait, the
+	 * socket turns blocking: the kernel sleeps in connect() until accept()
+	 * makes room (no polling), bounded by SO_SNDTIMEO, and a signal ends
+	 * the wait with -EINTR, so that the caller runs its handlers and
+	 * tries again.  It is non-blocking again once connected. */
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
 	for (;;) {
-		int64_t left = deadline < 0 ? 0 : deadline - eng_now_ns();
-
-		if (deadline >= 0 && timeout_ms > 0) {
-			struct timeval tv;
-
-			if (left < 1000)
-				left = 1000; /* 0 would mean forever */
-			tv.tv_sec = left / 1000000000;
-			tv.tv_usec = (left % 1000000000) / 1000;
-			setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-		}
 		if (connect(fd, (struct sockaddr *)&sa, len) == 0)
 			break;
 		rc = errno;
@@ -454,7 +444,7 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 			rc = -rc;
 			goto out;
 		}
-		/* backlog full: SO_SNDTIMEO ran out, or non-blocking */
+		/* backlog full (or SO_SNDTIMEO ran out) */
 		if (timeout_ms == 0) {
 			rc = -EAGAIN;
 			goto out;
@@ -464,16 +454,25 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 			rc = -ETIMEDOUT;
 			goto out;
 		}
-	}
-	if (timeout_ms != 0) {
-		struct timeval tv = { 0, 0 };
-		int fl = fcntl(fd, F_GETFL);
-
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-		if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		if (!blocking && fcntl(fd, F_SETFL, 0) < 0) {
 			rc = -errno;
 			goto out;
 		}
+		blocking = 1;
+		if (deadline >= 0) {
+			int64_t left = deadline - eng_now_ns();
+			struct timeval tv;
+
+			if (left < 1000)
+				left = 1000; /* 0 would mean forever */
+			tv.tv_sec = left / 1000000000;
+			tv.tv_usec = (left % 1000000000) / 1000;
+			setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		}
+	}
+	if (blocking && fcntl(fd, F_SETFL, O_NONBLOCK) < 0) {
+		rc = -errno;
+		goto out;
 	}
 	if (!cm_peer_uid_ok(fd)) {
 		snprintf(detail, dlen, "the listener runs under another uid");

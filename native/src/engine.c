@@ -196,9 +196,9 @@ static void eng_set_detail(rsk_sock *s, const char *fmt, ...)
  * explicit shutdown() does.
  */
 static unsigned eng_fork_gen;  /* bumped in a child */
-static pthread_mutex_t eng_fix_lock = PTHREAD_MUTEX_INITIALIZER; /* eng_lock */
 static unsigned eng_fork_pgen; /* bumped in a parent */
 static uint32_t eng_pid;
+static pthread_mutex_t eng_fix_lock = PTHREAD_MUTEX_INITIALIZER; /* eng_lock */
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 
 static void eng_watch_parent(void);
@@ -1053,6 +1053,14 @@ static void eng_fd_init(rsk_sock *s)
 	shutdown(s->fb, SHUT_RD);
 }
 
+/* fa polls readable: a token byte in fb (once) */
+static void eng_fd_token(rsk_sock *s)
+{
+	if (s->fb >= 0 && !s->tok &&
+	    send(s->fb, "r", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
+		s->tok = 1;
+}
+
 /* fa polls writable or not */
 static void eng_fd_writable(rsk_sock *s, int w)
 {
@@ -1079,8 +1087,7 @@ static void eng_sync_pair(rsk_sock *s)
 		return;
 	}
 	if (r && !s->tok) {
-		if (send(s->fb, "r", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
-			s->tok = 1;
+		eng_fd_token(s);
 	} else if (!r && s->tok) {
 		char b[64];
 
@@ -1127,10 +1134,8 @@ static void eng_watch_event(rsk_sock *s, int live)
 		 * fa turns readable ("come and look", without driving it), or
 		 * the edge would be lost and a parent that polls it would
 		 * never wake (its first call then claims it and reads). */
-		if (eng_unclaimed(s) && s->fb >= 0 && !s->tok &&
-		    (live || s->ops->cq_pending(s->qp)) &&
-		    send(s->fb, "r", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
-			s->tok = 1;
+		if (eng_unclaimed(s) && (live || s->ops->cq_pending(s->qp)))
+			eng_fd_token(s);
 		return;
 	}
 	eng_progress(s);
@@ -1441,7 +1446,6 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
 	return r < 0 && e == EINTR ? -EINTR : 0;
 }
 
-
 /*
  * Wait until ready(s), with s->lock held on entry and exit.  Spins for
  * opts.spin_us first (polling the CQ, yielding the CPU between polls so a
@@ -1449,7 +1453,6 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
  * Returns 0 when ready, -EAGAIN (non-blocking), -ETIMEDOUT, -EINTR or
  * -EBADF (closed meanwhile).
  */
-
 static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 {
 	struct epoll_event ev[4];
@@ -2131,6 +2134,7 @@ static int eng_xfd_ready(const rsk_sock *s)
 
 static void eng_pend_drop(rsk_sock *s, int i, int close_it)
 {
+	/* (a short_of client is not in epfd: the DEL fails, harmlessly) */
 	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->pend[i].fd, NULL);
 	if (close_it)
 		close(s->pend[i].fd);
@@ -2148,13 +2152,7 @@ static int eng_pend_oldest(const rsk_sock *s)
 	return o;
 }
 
-/*
- * One step of accepting, never blocking: a pending client whose REQ has
- * arrived is handshaken; new clients are taken off the listening fds and
- * either handshaken at once or parked until their REQ comes (the parked
- * fds are in epfd, so the listener turns readable then).  Returns 0 with
- * *res, -EAGAIN if nothing is ready, or -ENOMEM/-EMFILE/-ENFILE.
- */
+/* Our own shortage of fds or memory (not the client's doing). */
 static int eng_short(int rc)
 {
 	return rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM;
@@ -2227,13 +2225,7 @@ static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp)
 			}
 		}
 		if (now >= p->until) {
-			if (p->short_of) {
-				p->short_of = 0; /* not in epfd: nothing to del */
-				close(fd);
-				s->pend[i] = s->pend[--s->npend];
-			} else {
-				eng_pend_drop(s, i, 1); /* silent for too long */
-			}
+			eng_pend_drop(s, i, 1); /* silent (or short) too long */
 			continue;
 		}
 		i++;
