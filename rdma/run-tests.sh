@@ -66,6 +66,8 @@ guest rdma-tests "$PY RS_PEER=/project/build/rs_peer timeout 900 python3 -m pyte
 guest conformance "$PY timeout 1500 python3 -m pytest -q -p no:cacheprovider \
 	tests/test_socket_behaviour.py tests/test_contract.py tests/test_stream.py \
 	tests/test_readiness.py -k rsock"
+guest peer-death "$PY timeout 600 python3 -m pytest -q -s -p no:cacheprovider \
+	tests/test_robust_reliability.py -k 'death_of_a_peer and rsock'"
 guest bench "$PY timeout 1200 bash rdma/bench.sh build/rdma-results"
 [ -f "$OUT/bench.txt" ] && cat "$OUT/bench.txt" >&2
 

@@ -709,11 +709,10 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
             fut.set_result(None)
 
     def gone() -> None:
-        if live[0] >= 0:
+        # 0: not gone yet (a FIN's grace); the fd fires again when it ends
+        if (sock._h is not h or _ll.check_peer(h)) and live[0] >= 0:
             loop.remove_reader(live[0])
             live[0] = -1
-        if sock._h is h:
-            _ll.check_peer(h)
         ready()
 
     _ll.set_interest(h, _ll.POLLIN | _ll.POLLOUT)

@@ -153,13 +153,18 @@ class RsockTransport(asyncio.Transport):
             self._live_added = True
 
     def _on_live(self) -> None:
-        """The liveness channel fired: the peer is gone (or refused us)."""
-        if self._live_added:
+        """The liveness channel fired: the peer is gone (or refused us).
+
+        Not yet gone (0) when a FIN may still come (verbs: the CM's
+        hang-up can overtake the last completions): the engine makes the
+        fd readable again when that grace ends, so keep watching it.
+        """
+        gone = 1 if self._conn_lost else _ll.check_peer(self._h)
+        if gone and self._live_added:
             self._loop.remove_reader(self._lfd)
             self._live_added = False
             self._lfd = -1  # level-triggered hang-up: watch it no more
         if not self._conn_lost:
-            _ll.check_peer(self._h)
             self._on_ready()
 
     # ---------------------------------------------------------------- events

@@ -847,6 +847,14 @@ static void eng_handle_recv(rsk_sock *s, const struct prov_wc *wc)
 		eng_fail(s, ECONNRESET, 0, "the peer aborted the connection");
 }
 
+/* The peer is gone: stop watching its liveness channel. */
+static void eng_set_gone(rsk_sock *s)
+{
+	s->flags |= F_PEER_GONE;
+	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
+	eng_wake(s);
+}
+
 /* Reap and handle completions, then send due control messages.
  * Returns the number of completions handled. */
 static int eng_progress(rsk_sock *s)
@@ -864,8 +872,14 @@ static int eng_progress(rsk_sock *s)
 			    (s->flags & F_PEER_FIN)) {
 				/* flushed after the peer's orderly close: it
 				 * is gone, as a hang-up after FIN says */
-				s->flags |= F_PEER_GONE;
-				eng_wake(s);
+				eng_set_gone(s);
+			} else if (wc[i].status == -ESHUTDOWN && s->hup_at) {
+				/* the fence after a hang-up (eng_hup_grace):
+				 * everything the peer delivered came first,
+				 * and there was no FIN */
+				eng_set_gone(s);
+				eng_fail(s, ECONNRESET, 0,
+					 "peer vanished without closing");
 			} else if (wc[i].status) {
 				eng_fail(s, ECONNRESET, 0,
 					 "provider %s: completion error (%s)",
@@ -887,6 +901,33 @@ static int eng_progress(rsk_sock *s)
 
 /* ------------------------------------------------------------ liveness */
 
+/* The CM said the peer is gone but no FIN was seen, where a completion may
+ * lag behind the CM (an HCA's may: another path).  1 while the end is not
+ * known yet: the provider fences the stream (a flushed receive then
+ * follows whatever the peer delivered, and eng_progress ends the
+ * connection when it sees one) and makes the liveness fd readable again
+ * at hup_at, so that whoever watches it (eng_wait, the watcher thread, an
+ * event loop) looks again then.  Nobody sleeps, and the socket's lock is
+ * free meanwhile.  Not on shm: whatever the peer wrote (a FIN included) is
+ * in our CQ ring before its liveness socket can close, so one poll sees it.
+ * A provider that cannot fence (shm's delay fault) gets a bounded wait. */
+static int eng_hup_grace(rsk_sock *s)
+{
+	int64_t now = eng_now_ns();
+
+	if (s->hup_at)
+		return now < s->hup_at;
+	s->hup_at = now + LIVE_GRACE_NS;
+	if (s->ops->hup_fence && s->ops->hup_fence(s->qp, LIVE_GRACE_NS) == 0)
+		return 1;
+	while (!(s->flags & (F_PEER_FIN | F_DEAD)) &&
+	       eng_now_ns() < s->hup_at) {
+		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+		eng_progress(s);
+	}
+	return 0;
+}
+
 /* The liveness channel fired: closed (peer gone) or a protocol error. */
 static void eng_check_live(rsk_sock *s)
 {
@@ -907,27 +948,12 @@ static void eng_check_live(rsk_sock *s)
 	}
 	/* gone: take in whatever it wrote before dying, then stop watching */
 	eng_progress(s);
-	if (!(s->flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
-	    s->ops->completions_lag && s->ops->completions_lag(s->qp)) {
-		/* A completion may lag behind the hang-up when the provider's
-		 * CM is another path than its completions (an HCA's do): give a
-		 * FIN that is on its way a short grace before calling this a
-		 * reset.  Not on shm: whatever the peer wrote (a FIN included)
-		 * is in our CQ ring before its liveness socket can close, so
-		 * the eng_progress above has seen it, and a dead peer costs
-		 * nobody a wait.  (Known cost where it applies, verbs: this
-		 * grace is slept under the socket's lock.) */
-		int64_t until = eng_now_ns() + LIVE_GRACE_NS;
-
-		while (!(s->flags & (F_PEER_FIN | F_DEAD)) &&
-		       eng_now_ns() < until) {
-			nanosleep(&(struct timespec){ .tv_nsec = 1000000 },
-				  NULL);
-			eng_progress(s);
-		}
-	}
-	s->flags |= F_PEER_GONE;
-	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
+	if ((s->flags & F_PEER_GONE) ||
+	    (!(s->flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
+	     s->ops->completions_lag && s->ops->completions_lag(s->qp) &&
+	     eng_hup_grace(s)))
+		return; /* (ended by a fenced flush meanwhile, or not yet) */
+	eng_set_gone(s);
 	if (n > 0 && cm_read_reject(s->live_fd, why, sizeof(why)) == 0)
 		eng_fail(s, ECONNRESET, 0, "%s", why);
 	else if (n > 0)
@@ -935,7 +961,6 @@ static void eng_check_live(rsk_sock *s)
 			 "protocol violation: data on the liveness channel");
 	else if (!(s->flags & F_PEER_FIN) && !(s->flags & F_DEAD))
 		eng_fail(s, ECONNRESET, 0, "peer vanished without closing");
-	eng_wake(s);
 }
 
 /* Non-blocking look at the liveness channel; 1 if the peer is gone. */
@@ -943,8 +968,10 @@ static int eng_poll_live(rsk_sock *s)
 {
 	struct pollfd p;
 
-	if (s->kind != K_CONN || s->live_fd < 0 || (s->flags & F_PEER_GONE))
+	if (s->kind != K_CONN || s->live_fd < 0)
 		return 0;
+	if (s->flags & F_PEER_GONE)
+		return 1;
 	p = (struct pollfd){ .fd = s->live_fd, .events = POLLIN | POLLRDHUP };
 	if (poll(&p, 1, 0) <= 0)
 		return 0;

@@ -43,9 +43,12 @@ _Static_assert(sizeof(struct eng_ctrl) == 16, "ctrl slot is 16 bytes");
  * quarter, 7.4-8.5 with a half, sync the same either way) */
 #define CREDIT_BYTES_SHIFT 1
 
-/* After the peer's liveness channel hangs up without a FIN seen, keep
- * reaping completions this long before reporting a reset (a FIN's
- * completion may lag behind the hang-up). */
+/* After the peer's liveness channel hangs up without a FIN seen, where a
+ * FIN's completion may lag behind the hang-up (prov_ops.completions_lag),
+ * the provider fences the stream's end (prov_ops.hup_fence: a flushed
+ * receive follows whatever the peer delivered); this bounds the wait for
+ * that flush.  Nobody sleeps it: the liveness fd turns readable again
+ * when it ends. */
 #define LIVE_GRACE_NS 100000000ll
 
 /* A sender with room in the peer's ring looks at the liveness channel at
@@ -136,6 +139,8 @@ struct rsk_sock {
 	struct prov_qp *qp;
 	int live_fd;
 	int64_t live_next; /* next liveness look of a sender (eng_live_tick) */
+	int64_t hup_at; /* the CM reported the peer's end with no FIN seen:
+			 * a reset unless a FIN arrives by hup_at (0: no) */
 	unsigned flags;
 	unsigned pending;
 	uint8_t *lctrl;

@@ -71,6 +71,13 @@ struct prov_ops {
 	 * is gone, 0 if not.  NULL: the liveness fd is the local CM's Unix
 	 * socket (the engine reads it itself). */
 	int (*live_event)(struct prov_qp *qp);
+	/* The liveness fd reported the peer's end, no FIN was seen, and
+	 * completions may lag: end our side of the queue pair, so that our
+	 * posted receives flush (-ESHUTDOWN) after whatever the peer
+	 * delivered, and make the liveness fd readable again in ns
+	 * nanoseconds should no flush show (0, or -errno).  NULL: the engine
+	 * waits a bounded time instead. */
+	int (*hup_fence)(struct prov_qp *qp, int64_t ns);
 	/* May a completion the peer caused show up after the liveness fd
 	 * reported its end?  (An HCA's may: the CM is another path.  shm's
 	 * cannot: the peer wrote it into our CQ ring before its socket

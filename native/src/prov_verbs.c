@@ -109,10 +109,12 @@ int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 #include <poll.h>
 #include <pthread.h>
 #include <rdma/rdma_cma.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -136,6 +138,7 @@ static struct {
 	__typeof__(&ibv_get_device_list) get_device_list;
 	__typeof__(&ibv_free_device_list) free_device_list;
 	__typeof__(&ibv_wc_status_str) wc_status_str;
+	__typeof__(&ibv_modify_qp) modify_qp;
 	__typeof__(&rdma_create_event_channel) create_event_channel;
 	__typeof__(&rdma_destroy_event_channel) destroy_event_channel;
 	__typeof__(&rdma_create_id) create_id;
@@ -199,6 +202,7 @@ static void v_load(void)
 	LOAD(ib, get_device_list, "ibv_get_device_list");
 	LOAD(ib, free_device_list, "ibv_free_device_list");
 	LOAD(ib, wc_status_str, "ibv_wc_status_str");
+	LOAD(ib, modify_qp, "ibv_modify_qp");
 	LOAD(cm, create_event_channel, "rdma_create_event_channel");
 	LOAD(cm, destroy_event_channel, "rdma_destroy_event_channel");
 	LOAD(cm, create_id, "rdma_create_id");
@@ -343,6 +347,12 @@ struct prov_qp {
 	uint64_t stg_mark;           /* stg_tail at the last forced signal */
 	uint32_t *owner;             /* a shared page (fork) */
 	int epfd, kfd;               /* notify fd; kick eventfd */
+	int lfd; /* the liveness fd: an epoll of ch->fd (and tfd); the
+		  * engine's (it closes it) */
+	int tfd; /* timer that makes lfd readable again (vq_hup_fence);
+		  * -1 until a hang-up needs one */
+	int fenced; /* vq_hup_fence moved the QP to the error state */
+	struct prov_qp *next; /* in the reaper's queue (vq_release) */
 	int armed, qp_made, connected, peer_gone;
 	unsigned unacked; /* CQ events not yet acked */
 	uint32_t q, ring; /* our geometry */
@@ -379,6 +389,8 @@ static void vq_free_mem(struct prov_qp *q)
 		close(q->epfd);
 	if (q->kfd >= 0)
 		close(q->kfd);
+	if (q->tfd >= 0)
+		close(q->tfd);
 	free(q);
 }
 
@@ -719,6 +731,10 @@ static int vq_completions_lag(struct prov_qp *q)
 static int vq_live_event(struct prov_qp *q)
 {
 	struct rdma_cm_event *ev;
+	uint64_t x;
+
+	if (q->tfd >= 0 && read(q->tfd, &x, sizeof(x)) < 0)
+		x = 0; /* not expired (EAGAIN): nothing to consume */
 
 	while (V.get_cm_event(q->ch, &ev) == 0) {
 		enum rdma_cm_event_type t = ev->event;
@@ -732,6 +748,46 @@ static int vq_live_event(struct prov_qp *q)
 			q->peer_gone = 1;
 	}
 	return q->peer_gone;
+}
+
+/* The peer is gone with no FIN seen (prov_ops.hup_fence).  A FIN that the
+ * peer's HCA had sent can still be on its way to our CQ (the hang-up came
+ * by another path, the CM's), so the end of the stream is fenced as
+ * ib_drain_qp does: our QP goes to the error state, which flushes our
+ * posted receives after every receive that completed before, and the
+ * engine reads a flushed receive as the end.  A timerfd in the liveness
+ * fd's epoll bounds the wait should no flush show. */
+static int vq_hup_fence(struct prov_qp *q, int64_t ns)
+{
+	struct itimerspec t = { .it_value = { .tv_sec = ns / 1000000000,
+					      .tv_nsec = ns % 1000000000 } };
+
+	if (q->lfd < 0)
+		return -EBADF;
+	if (q->qp_made && !q->fenced) {
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+
+		if (V.modify_qp(q->id->qp, &a, IBV_QP_STATE) == 0)
+			q->fenced = 1;
+	}
+	if (q->tfd < 0) {
+		struct epoll_event ev = { .events = EPOLLIN };
+		int fd = timerfd_create(CLOCK_MONOTONIC,
+					TFD_CLOEXEC | TFD_NONBLOCK);
+
+		if (fd < 0)
+			return -errno;
+		if (epoll_ctl(q->lfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+			int e = errno;
+
+			close(fd);
+			return -e;
+		}
+		q->tfd = fd;
+	}
+	if (!t.it_value.tv_sec && !t.it_value.tv_nsec)
+		t.it_value.tv_nsec = 1; /* zero would disarm it */
+	return timerfd_settime(q->tfd, 0, &t, NULL) < 0 ? -errno : 0;
 }
 
 /* Make sure what we posted has left (a final signaled zero-length RDMA
@@ -803,6 +859,113 @@ static void vq_destroy(struct prov_qp *q)
 	vq_free_mem(q);
 }
 
+/* The reaper: tearing a connection's verbs objects down takes several
+ * kernel (and, on an HCA, firmware) commands per connection, which a
+ * close() or an event loop that ends many connections at once (a peer
+ * died) should not wait for; what must happen before close() returns
+ * (our last writes leaving, vq_drain) stays on the caller.  One thread per
+ * process, started with the first release; a fork child forgets the
+ * parent's queue (the parent's reaper empties it) and starts its own.
+ *
+ * Lock order: vr.lock is a leaf (taken under a socket's lock, never the
+ * other way round). */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct prov_qp *head;
+	pid_t pid; /* the process whose reaper runs; 0: none */
+} vr = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0 };
+
+static void vr_atfork(void);
+
+static void *vr_main(void *arg)
+{
+	sigset_t all;
+
+	(void)arg;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	for (;;) {
+		struct prov_qp *q;
+
+		pthread_mutex_lock(&vr.lock);
+		while (!vr.head)
+			pthread_cond_wait(&vr.cond, &vr.lock);
+		q = vr.head;
+		vr.head = q->next;
+		pthread_mutex_unlock(&vr.lock);
+		vq_destroy(q);
+	}
+	return NULL;
+}
+
+static void vr_prepare(void)
+{
+	pthread_mutex_lock(&vr.lock);
+}
+
+static void vr_parent(void)
+{
+	pthread_mutex_unlock(&vr.lock);
+}
+
+static void vr_child(void)
+{
+	pthread_mutex_init(&vr.lock, NULL);
+	pthread_cond_init(&vr.cond, NULL);
+	vr.head = NULL;
+	vr.pid = 0;
+}
+
+static void vr_atfork(void)
+{
+	pthread_atfork(vr_prepare, vr_parent, vr_child);
+}
+
+/* Start this process's reaper (vr.lock held); 0 or -errno. */
+static int vr_start(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_attr_t a;
+	pthread_t t;
+	sigset_t all, old;
+	int rc;
+
+	pthread_once(&once, vr_atfork);
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&a, 256 * 1024);
+	sigfillset(&all); /* no signal may land on it before it blocks them */
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	rc = pthread_create(&t, &a, vr_main, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&a);
+	if (rc)
+		return -rc;
+	pthread_setname_np(t, "rsock-reap");
+	vr.pid = getpid();
+	return 0;
+}
+
+/* prov_ops.destroy: let our last writes leave, then hand the rest to the
+ * reaper (or do it here if there can be none). */
+static void vq_release(struct prov_qp *q)
+{
+	if (!q)
+		return;
+	if (q->qp_made)
+		vq_drain(q);
+	pthread_mutex_lock(&vr.lock);
+	if (vr.pid == getpid() || vr_start() == 0) {
+		q->next = vr.head;
+		vr.head = q;
+		pthread_cond_signal(&vr.cond);
+		q = NULL;
+	}
+	pthread_mutex_unlock(&vr.lock);
+	vq_destroy(q);
+}
+
 const struct prov_ops verbs_ops = {
 	.name = "verbs",
 	.post_recv = vq_post_recv,
@@ -819,8 +982,9 @@ const struct prov_ops verbs_ops = {
 	.owner_word = vq_owner_word,
 	.notifies_sent = vq_notifies_sent,
 	.live_event = vq_live_event,
+	.hup_fence = vq_hup_fence,
 	.completions_lag = vq_completions_lag,
-	.destroy = vq_destroy,
+	.destroy = vq_release,
 };
 
 static void *v_map(size_t len)
@@ -849,7 +1013,7 @@ static int vq_create(struct rdma_cm_id *id, const struct rsk_opts *o,
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
-	q->epfd = q->kfd = -1;
+	q->epfd = q->kfd = q->lfd = q->tfd = -1;
 	q->id = id;
 	q->q = o->qdepth;
 	q->ring = o->ring_size;
@@ -1241,7 +1405,14 @@ static int v_expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want,
 static void v_result(struct prov_qp *q, struct cm_result *res,
 		     uint32_t peer_q, uint32_t peer_ring)
 {
-	int live = dup(q->ch->fd);
+	struct epoll_event ev = { .events = EPOLLIN };
+	int live = epoll_create1(EPOLL_CLOEXEC);
+
+	if (live >= 0 && epoll_ctl(live, EPOLL_CTL_ADD, q->ch->fd, &ev) < 0) {
+		close(live);
+		live = -1;
+	}
+	q->lfd = live;
 
 	memset(res, 0, sizeof(*res));
 	res->ops = &verbs_ops;
