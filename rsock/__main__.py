@@ -1,31 +1,33 @@
 """``python -m rsock run``: run an unmodified program with rsock patched in.
 
-    python -m rsock run [--report FILE] -m module [args...]
-    python -m rsock run [--report FILE] script.py [args...]
-    python -m rsock run [--report FILE] -c command [args...]
+    python -m rsock run [--report FILE] [--no-inherit] -m module [args...]
+    python -m rsock run [--report FILE] [--no-inherit] script.py [args...]
+    python -m rsock run [--report FILE] [--no-inherit] -c command [args...]
 
 ``rsock.patch()`` is applied first; then the program runs as ``python -m
 module`` / ``python script.py`` / ``python -c command`` would run it: as
 ``__main__`` (through ``runpy``), with ``sys.argv`` and ``sys.path[0]`` set the
-same way.  Its exit status is ours.  ``--report FILE`` writes the patch's
-counters (rsock and stdlib sockets created, connections per provider, asyncio
-calls routed to rsock.asyncio) to FILE as JSON when the process exits.
+same way.  Its exit status is ours.  The Python processes it starts are
+patched too, through the environment (``rsock._inherit``), unless
+``--no-inherit``.  ``--report FILE`` writes the patch's counters (rsock and
+stdlib sockets created, connections per provider, asyncio calls routed to
+rsock.asyncio), summed over every patched process of the tree, with
+``processes`` (how many), to FILE as JSON when the top process exits.
 """
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
-import json
 import os
 import runpy
 import sys
 import types
 
-from rsock import _patch
+from rsock import _inherit
 
 USAGE = """\
-usage: python -m rsock run [--report FILE] (-m module | -c command | script) [args...]
+usage: python -m rsock run [--report FILE] [--no-inherit]
+                           (-m module | -c command | script) [args...]
 
 Runs a Python program with rsock.patch() applied: its AF_INET/AF_INET6 SOCK_STREAM
 sockets are rsock sockets, every other socket a stdlib one; asyncio's TCP servers and
@@ -37,19 +39,16 @@ asyncio's loops and on uvloop) run on rsock.asyncio.
   script         run a script, a directory or a zip file with __main__.py
                  (- reads the program from standard input)
   --report FILE  at exit, write the patch counters (sockets, connections per provider,
-                 routed asyncio calls) to FILE as JSON
+                 routed asyncio calls), summed over the process tree, to FILE as JSON
+  --no-inherit   patch this process only; by default the Python processes it starts
+                 (subprocess, multiprocessing spawn/forkserver, workers) are patched
+                 too, through the environment (RSOCK_RUN=1 and PYTHONPATH)
 """
 
 
 def _usage_error(msg: str) -> int:
     sys.stderr.write(f"{USAGE}\npython -m rsock: error: {msg}\n")
     return 2
-
-
-def _write_report(path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(_patch.counters(), f, sort_keys=True)
-        f.write("\n")
 
 
 def _run_command(code: str, args: list[str], argv0: str = "-c", filename: str = "<string>") -> None:
@@ -108,6 +107,7 @@ def _is_zip(path: str) -> bool:
 def run(argv: list[str]) -> int:
     """``python -m rsock run ...`` with ``argv`` = the words after ``run``."""
     report: str | None = None
+    inherit = True
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -124,6 +124,10 @@ def run(argv: list[str]) -> int:
                 report = a.split("=", 1)[1]
                 i += 1
             continue
+        if a == "--no-inherit":
+            inherit = False
+            i += 1
+            continue
         if a == "--":
             i += 1
             break
@@ -135,7 +139,7 @@ def run(argv: list[str]) -> int:
                 value = argv[i + 1]
                 i += 1
             rest = argv[i + 1 :]
-            _start(report)
+            _inherit.start_top(report, inherit)
             if a.startswith("-c"):
                 _run_command(value, rest)
                 return 0
@@ -145,14 +149,8 @@ def run(argv: list[str]) -> int:
         break
     if i >= len(argv):
         return _usage_error("nothing to run: give -m module, -c command or a script")
-    _start(report)
+    _inherit.start_top(report, inherit)
     return _run_script(argv[i], argv[i + 1 :])
-
-
-def _start(report: str | None) -> None:
-    if report is not None:
-        atexit.register(_write_report, os.path.abspath(report))
-    _patch.patch()
 
 
 def main(argv: list[str] | None = None) -> int:

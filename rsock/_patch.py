@@ -80,24 +80,44 @@ _active = False
 _saved: dict[str, Any] = {}
 
 # What went where, for tests and ``python -m rsock run --report``: sockets the
-# patched class created per transport, connections made ("connect:<provider>")
-# and accepted ("accept:<provider>") by the rsock sockets it created or by the
-# asyncio calls routed to rsock.asyncio, and those calls ("asyncio:<method>");
-# SSLContext.wrap_socket calls given an rsock socket ("ssl:wrap_socket").
+# patched class created per transport, connections of rsock sockets made
+# ("connect:<provider>") and accepted ("accept:<provider>") while patched,
+# whatever the API (rsock._socket counts them), plain TCP clients an rsock
+# listener refused ("refused:tcp", RSOCK_FALLBACK=strict), the asyncio calls
+# routed to rsock.asyncio ("asyncio:<method>"), and SSLContext.wrap_socket
+# calls given an rsock socket ("ssl:wrap_socket").
 _counts: Counter[str] = Counter()
 _counts_lock = threading.Lock()
+_observer: Callable[[str], None] | None = None  # rsock._inherit's report log
 
 
 def _note(key: str) -> None:
     with _counts_lock:
         _counts[key] += 1
+        if _observer is not None:
+            _observer(key)
+
+
+def set_observer(observer: Callable[[str], None] | None) -> None:
+    """Call ``observer(key)`` for every event counted from now on."""
+    global _observer
+    with _counts_lock:
+        _observer = observer
+
+
+def reset_counters() -> None:
+    """Start counting from zero, in a fork child (which counts its own
+    events; the lock is new, as another thread may have held it at the fork)."""
+    global _counts_lock
+    _counts_lock = threading.Lock()
+    _counts.clear()
 
 
 def counters() -> dict[str, int]:
     """A snapshot of the dispatch counters: ``rsock`` and ``stdlib`` (sockets
     the patched class created), ``connect:<provider>`` and
-    ``accept:<provider>`` (connections of those rsock sockets, and of the
-    routed asyncio calls), ``asyncio:<method>`` (loop calls routed to
+    ``accept:<provider>`` (every connection of an rsock socket while patched,
+    once, whatever the API), ``refused:tcp``, ``asyncio:<method>`` (loop calls routed to
     rsock.asyncio: ``create_connection``, ``create_server``,
     ``connect_accepted_socket``, ``start_tls``, ``sock_connect``)."""
     with _counts_lock:
@@ -125,26 +145,6 @@ def _from_rsock() -> bool:
         return False
     name = caller.f_globals.get("__name__", "")
     return isinstance(name, str) and (name == "rsock" or name.startswith("rsock."))
-
-
-class _TrackedSocket(_rs.socket):
-    """The ``rsock.socket`` the patched class hands out: counts its
-    connections by provider (nothing on the data path)."""
-
-    def connect(self, address: Any) -> None:
-        super().connect(address)
-        _note(f"connect:{self.provider}")
-
-    def connect_ex(self, address: Any) -> int:
-        rc = super().connect_ex(address)
-        if rc == 0:
-            _note(f"connect:{self.provider}")
-        return rc
-
-    def accept(self) -> tuple[_rs.socket, Any]:
-        conn, addr = super().accept()
-        _note(f"accept:{conn.provider}")
-        return conn, addr
 
 
 class _SocketMeta(type):
@@ -191,7 +191,7 @@ class socket(_Std, metaclass=_SocketMeta):
             return super().__new__(cls)
         if _active and not _from_rsock():
             if _wants_rsock(family, type, proto, fileno):
-                rs = _TrackedSocket(family, type, proto)
+                rs = _rs.socket(family, type, proto)
                 _note("rsock")
                 return rs
             _note("stdlib")
@@ -211,6 +211,7 @@ def patch() -> None:
             return
         _saved["socket"] = _std.__dict__["socket"]
         _std.socket = socket  # type: ignore[misc]
+        _rs.tally = _note  # every rsock connection counts, whatever made it
         _active = True
         # the loops: now for modules already imported, at import for the others
         # (a module that another thread is importing right now is missed)
@@ -232,6 +233,7 @@ def unpatch() -> None:
         if not _active:
             return
         _active = False
+        _rs.tally = None
         original = _saved.pop("socket")
         if _std.__dict__.get("socket") is socket:
             _std.socket = original  # type: ignore[misc]
@@ -491,14 +493,10 @@ def _wrap_create_connection(original: Any) -> Callable[..., Any]:
             or not _routable(self)
         ):
             return await original(self, protocol_factory, host, port, *args, **kw)
-        sock = kw.get("sock")
         _note("asyncio:create_connection")
         transport, protocol = await _rsock_asyncio().create_connection(
             protocol_factory, host, port, **kw
         )
-        if sock is None:
-            made = transport.get_extra_info("socket")
-            _note(f"connect:{getattr(made, 'provider', None)}")
         return transport, protocol
 
     return create_connection
@@ -524,10 +522,6 @@ def _wrap_create_server(original: Any) -> Callable[..., Any]:
         server = await _rsock_asyncio().create_server(
             protocol_factory, host, port, start_serving=False, **kw
         )
-        for s in server.sockets:
-            # what the patched socket.socket hands out: counts its accepts
-            if type(s) is _rs.socket:
-                s.__class__ = _TrackedSocket
         if start_serving:
             await server.start_serving()
         return server

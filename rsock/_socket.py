@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Self, cast
 
 from typing_extensions import Buffer
@@ -105,6 +105,25 @@ VERBS_RING_SIZE = 4 << 20
 # _connect's answer when no rsock listener took the connection and plain
 # TCP should be tried (a positive value: never an engine result)
 _FALLBACK = 1 << 30
+
+# Who counts connections (rsock._patch while patched): called with
+# "connect:<provider>", "accept:<provider>" or "refused:tcp", once per
+# connection whatever the API that made it (blocking, non-blocking, asyncio).
+tally: Callable[[str], None] | None = None
+
+
+def _tally(key: str) -> None:
+    t = tally
+    if t is not None:
+        t(key)
+
+
+def fallback_mode() -> str:
+    """``RSOCK_FALLBACK``: "" (fall back to TCP where rsock cannot go),
+    "never" (an rsock client never does: ECONNREFUSED) or "strict" (never,
+    and rsock listeners refuse plain TCP clients too)."""
+    mode = os.environ.get("RSOCK_FALLBACK", "")
+    return mode if mode in ("never", "strict") else ""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -888,6 +907,13 @@ class socket:
                     conn, addr = self._reserve().accept()
                 except (BlockingIOError, InterruptedError):
                     continue  # another thread took it
+                if fallback_mode() == "strict":
+                    # refused: the client sees a reset (SO_LINGER 0 sends RST)
+                    conn.setsockopt(_std.SOL_SOCKET, _std.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+                    conn.close()
+                    _tally("refused:tcp")
+                    continue
+                _tally("accept:tcp")
                 return _TcpSocket._wrap(self, conn), addr
             if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and timeout:
                 raise TimeoutError("timed out")
@@ -909,6 +935,7 @@ class socket:
             # an IPv4 client of a dual-stack listener
             peer, local = _v4_mapped(peer), _v4_mapped(local)
         sock = socket._accepted(self, nh, peer, local)
+        _tally(f"accept:{sock._provider_name}")
         if _std.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
         return sock, peer
@@ -993,6 +1020,7 @@ class socket:
         if rc >= 0:
             core.connected = True
             core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
+            _tally(f"connect:{self._provider_name}")
         return rc
 
     def _dial_verbs(
@@ -1021,6 +1049,7 @@ class socket:
             core.connected = True
             core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
             self._provider_name = "verbs"
+            _tally("connect:verbs")
             local, _ = _ll.conn_addrs(h)
             if local is not None:
                 # the rdma_cm port; the host as dialed when loopback was mapped
@@ -1107,9 +1136,10 @@ class socket:
         RSOCK_FALLBACK=never (then the refusal stands, with the reason)."""
         if rc != -_errno.ECONNREFUSED:
             return rc
-        if os.environ.get("RSOCK_FALLBACK", "") == "never":
+        mode = fallback_mode()
+        if mode:
             core = self._core
-            core.detail = f"{core.detail or 'no rsock listener'}; RSOCK_FALLBACK=never"
+            core.detail = f"{core.detail or 'no rsock listener'}; RSOCK_FALLBACK={mode}"
             return rc
         return _FALLBACK
 
@@ -1135,7 +1165,13 @@ class socket:
         rc = self._connect(address)
         if rc == _FALLBACK:
             self._become_tcp()
-            return self.connect(address)
+            try:
+                self.connect(address)
+            except BlockingIOError:  # EINPROGRESS: a connection under way
+                _tally("connect:tcp")
+                raise
+            _tally("connect:tcp")
+            return
         if rc >= 0:
             return
         if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
@@ -1155,7 +1191,10 @@ class socket:
             return e.errno
         if rc == _FALLBACK:
             self._become_tcp()
-            return self.connect_ex(address)
+            rc = self.connect_ex(address)
+            if rc in (0, _errno.EINPROGRESS):
+                _tally("connect:tcp")
+            return rc
         return 0 if rc >= 0 else -rc
 
     # ------------------------------------------------------------ data
@@ -1666,6 +1705,7 @@ class _TcpSocket(socket):
 
     def accept(self) -> tuple[socket, Any]:
         conn, addr = self._kernel().accept()
+        _tally("accept:tcp")
         return _TcpSocket._wrap(self, conn), addr
 
     def listen(self, backlog: int = -1, /) -> None:

@@ -875,6 +875,9 @@ def https_server() -> Iterator[http.server.ThreadingHTTPServer]:
 def test_urlopen_https_threaded_server(transport: str) -> None:
     """http.server (ThreadingHTTPServer, listening socket wrapped server-side)
     and urllib.request in one process, unmodified, over rsock under patch()."""
+    from rsock import _patch
+
+    before = _patch.counters()  # (they count for the whole process)
     with patched(transport):
         with https_server() as httpd:
             port = httpd.server_address[1]
@@ -907,10 +910,10 @@ def test_urlopen_https_threaded_server(transport: str) -> None:
                 )
             assert isinstance(info.value.reason, ssl.SSLCertVerificationError)
     if transport == "rsock":
-        from rsock import _patch
-
-        counts = _patch.counters()
-        assert counts.get("connect:tcp", 0) == 0 and counts.get("accept:tcp", 0) == 0
+        after = _patch.counters()
+        counts = {k: v - before.get(k, 0) for k, v in after.items()}
+        assert counts.get("connect:tcp", 0) == 0 and counts.get("accept:tcp", 0) == 0, counts
+        assert counts.get("connect:shm", 0) >= 4 and counts.get("accept:shm", 0) >= 4, counts
 
 
 SERVER_PROGRAM = textwrap.dedent(

@@ -440,3 +440,109 @@ def test_asyncio_tcp_streams_under_patch(tmp_path: Path, loop: str) -> None:
         tmp_path,
     )
     assert out.split() == ["TCP", "shm", "1", "1", "1"]
+
+
+# --------------------------------------------------------------------------- counting
+
+
+def _delta(before: dict[str, int]) -> dict[str, int]:
+    after = _patch.counters()
+    out = {k: after[k] - before.get(k, 0) for k in after}
+    kinds = ("connect", "accept", "refused")
+    return {k: v for k, v in out.items() if v and k.split(":")[0] in kinds}
+
+
+def test_every_connection_counts_once_whatever_the_api(patched: None) -> None:
+    """Non-blocking connects (connect_ex and connect raising EINPROGRESS, as
+    tornado and selectors-driven clients make them), asyncio's
+    create_connection and sock_connect: each connection counts once."""
+    import asyncio
+    import selectors
+
+    before = _patch.counters()
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        srv.settimeout(10)
+        addr = srv.getsockname()
+        made = []
+        for how in ("connect_ex", "connect"):
+            c = socket.socket()
+            c.setblocking(False)
+            if how == "connect_ex":
+                assert c.connect_ex(addr) in (0, 115)  # EINPROGRESS
+            else:
+                with pytest.raises(BlockingIOError):
+                    c.connect(addr)
+            with selectors.DefaultSelector() as sel:
+                sel.register(c, selectors.EVENT_WRITE)
+                assert sel.select(10)
+            assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+            made.append(c)
+            made.append(srv.accept()[0])
+
+        async def loop_side() -> None:
+            loop = asyncio.get_running_loop()
+            _, w = await asyncio.open_connection(*addr)
+            made.append(await loop.run_in_executor(None, lambda: srv.accept()[0]))
+            s = socket.socket()
+            s.setblocking(False)
+            await loop.sock_connect(s, addr)
+            made.append(s)
+            made.append(await loop.run_in_executor(None, lambda: srv.accept()[0]))
+            w.close()
+            await w.wait_closed()
+
+        asyncio.run(loop_side())
+        close_all(*made)
+    assert _delta(before) == {"connect:shm": 4, "accept:shm": 4}
+
+
+PLAIN_CLIENT = """\
+import socket, sys
+try:  # the reset may come before connect() returns, or before or after the send
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+    c.sendall(b"x")
+    print(repr(c.recv(10)))
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("mode", ["never", "strict"])
+def test_plain_tcp_clients_of_a_listener(
+    patched: None, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A plain TCP client (an unpatched process) of an rsock listener:
+    accepted and counted as ``accept:tcp`` under RSOCK_FALLBACK=never, reset
+    and counted as ``refused:tcp`` under ``strict`` (accept() goes on waiting
+    for an rsock client), so that a report can prove every connection took
+    the fast path."""
+    monkeypatch.setenv("RSOCK_FALLBACK", mode)
+    before = _patch.counters()
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+        client = subprocess.Popen(
+            [sys.executable, "-c", PLAIN_CLIENT, str(port)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        try:
+            srv.settimeout(2 if mode == "strict" else 10)
+            if mode == "strict":
+                with pytest.raises(TimeoutError):
+                    srv.accept()
+            else:
+                conn, _ = srv.accept()
+                with conn:
+                    assert conn.provider == "tcp" and conn.recv(1) == b"x"
+                    conn.sendall(b"ok")
+            out, err = client.communicate(timeout=30)
+        finally:
+            client.kill()
+            client.wait()
+    if mode == "strict":
+        assert out.strip() in ("ConnectionResetError", "BrokenPipeError", "b''"), err
+        assert _delta(before) == {"refused:tcp": 1}
+    else:
+        assert out.strip() == "b'ok'"
+        assert _delta(before) == {"accept:tcp": 1}

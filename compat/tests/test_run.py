@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -132,7 +133,103 @@ def test_report(tmp_path: Path) -> None:
         "stdlib": 1,
         "connect:shm": 1,
         "accept:shm": 1,
+        "processes": 1,
     }
+
+
+# --------------------------------------------------------------------------- the process tree
+
+TREE = """\
+import multiprocessing as mp, socket, subprocess, sys
+
+def serve(q):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        q.put(s.getsockname()[1])
+        c, _ = s.accept()
+        with c:
+            c.sendall(c.recv(100)[::-1])
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    q = ctx.Queue()
+    p = ctx.Process(target=serve, args=(q,))
+    p.start()
+    with socket.create_connection(("127.0.0.1", q.get(timeout=30))) as c:
+        c.sendall(b"hello")
+        print(c.recv(100).decode(), type(c).__module__.split(".")[0])
+    p.join(30)
+    assert p.exitcode == 0, p.exitcode
+    show = "import socket; print(type(socket.socket()).__module__.split('.')[0])"
+    child = subprocess.run(
+        [sys.executable, "-c", show], capture_output=True, text=True, check=True
+    )
+    print(child.stdout.strip().split(".")[0])
+"""
+
+
+@pytest.mark.timeout_s(120)
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_children_inherit_the_patch(tmp_path: Path, method: str) -> None:
+    """A multiprocessing child (each start method) and a subprocess are patched:
+    the child's listener serves the parent over shm (RSOCK_FALLBACK=never), and
+    the report sums both processes' connections."""
+    prog = tmp_path / "tree.py"
+    prog.write_text(TREE)
+    oracle = subprocess.run(
+        [sys.executable, str(prog), method], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert oracle.returncode == 0, oracle.stderr
+    assert oracle.stdout.split() == ["olleh", "socket", "socket"]
+    report = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock", "run", "--report", str(report), str(prog), method],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),  # where the per-process counts go
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["olleh", "rsock", "rsock"]
+    counts = json.loads(report.read_text())
+    assert counts["connect:shm"] == 1 and counts["accept:shm"] == 1, counts
+    assert "connect:tcp" not in counts and "accept:tcp" not in counts
+    # the top process, the worker, the subprocess (and helpers such as the forkserver)
+    assert counts["processes"] >= 3, counts
+    assert not list(tmp_path.glob("rsock-report-*"))
+
+
+def test_no_inherit_and_opting_a_child_out(tmp_path: Path) -> None:
+    code = """
+        import os, socket, subprocess, sys
+        show = "import socket; print(type(socket.socket()).__module__.split('.')[0])"
+        cmd = [sys.executable, "-c", show]
+        env = {k: v for k, v in os.environ.items() if k != "RSOCK_RUN"}
+        for e in (None, env):
+            print(subprocess.run(cmd, env=e, capture_output=True, text=True).stdout.strip())
+    """
+    proc = rsock_run("run", "-c", textwrap.dedent(code), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["rsock", "socket"]
+    proc = rsock_run("run", "--no-inherit", "-c", textwrap.dedent(code), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["socket", "socket"]
+
+
+def test_a_sitecustomize_of_the_user_still_runs(tmp_path: Path) -> None:
+    """The start-up hook hides any other sitecustomize on the path: it runs it."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "sitecustomize.py").write_text("import builtins\nbuiltins.MINE = 42\n")
+    code = """
+        import os, subprocess, sys
+        env = dict(os.environ, PYTHONPATH=os.environ["PYTHONPATH"] + os.pathsep + sys.argv[1])
+        cmd = [sys.executable, "-c", "import socket; print(MINE, type(socket.socket()).__module__)"]
+        print(subprocess.run(cmd, env=env, capture_output=True, text=True).stdout.strip())
+    """
+    proc = rsock_run("run", "-c", textwrap.dedent(code), str(mine), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["42", "rsock._socket"]
 
 
 @pytest.mark.parametrize(

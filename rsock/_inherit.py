@@ -1,0 +1,129 @@
+"""How ``python -m rsock run`` reaches a whole process tree.
+
+The top process (``run``) patches itself, and through the environment every
+Python process it starts (the start-up hook in ``rsock/_boot``):
+
+* ``RSOCK_RUN=1`` patches a Python process at start-up;
+* ``PYTHONPATH`` begins with ``rsock/_boot`` (its ``sitecustomize`` does it);
+* ``RSOCK_RUN_REPORT=<dir>`` (with ``--report``): each patched process appends
+  what the patch counts (one line per event: a socket made, a connection
+  made or accepted, a routed asyncio call) to ``<dir>/<pid>``, as it happens,
+  so that a process that ends by ``os._exit()`` or a signal is counted too;
+  the top process sums the files into the report when it exits.
+
+A ``fork()`` child is patched already (the patch is process memory); it
+starts its own count file and its own in-memory counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections import Counter
+
+from rsock import _patch
+
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
+ENV_RUN = "RSOCK_RUN"
+ENV_REPORT = "RSOCK_RUN_REPORT"
+
+_report_dir: str | None = None
+_fd = -1
+
+
+def _open_log() -> None:
+    """This process's count file (O_APPEND: one write per event)."""
+    global _fd
+    if _report_dir is None:
+        return
+    try:
+        _fd = os.open(
+            os.path.join(_report_dir, str(os.getpid())),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError as e:
+        _fd = -1
+        sys.stderr.write(f"rsock: cannot record this process in the report: {e}\n")
+
+
+def _log(key: str) -> None:
+    if _fd >= 0:
+        try:
+            os.write(_fd, key.encode() + b"\n")
+        except OSError:
+            pass
+
+
+def _after_fork_in_child() -> None:
+    global _fd
+    if _fd >= 0:
+        os.close(_fd)
+        _fd = -1
+    _patch.reset_counters()
+    _open_log()
+
+
+def _record_to(directory: str | None) -> None:
+    global _report_dir
+    _report_dir = directory
+    if directory is not None:
+        _open_log()
+        _patch.set_observer(_log)
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def start_child() -> None:
+    """The start-up hook's work in a child interpreter."""
+    _record_to(os.environ.get(ENV_REPORT) or None)
+    _patch.patch()
+
+
+def start_top(report: str | None, inherit: bool) -> None:
+    """``run`` in the top process: patch it and (inherit) its Python children;
+    with a report, sum every process's counts into ``report`` at exit."""
+    directory = None
+    if report is not None:
+        directory = tempfile.mkdtemp(prefix="rsock-report-")
+        import atexit
+
+        atexit.register(_write_report, os.path.abspath(report), directory, os.getpid())
+    if inherit:
+        os.environ[ENV_RUN] = "1"
+        path = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = BOOT_DIR + (os.pathsep + path if path else "")
+        if directory is not None:
+            os.environ[ENV_REPORT] = directory
+    _record_to(directory)
+    _patch.patch()
+
+
+def tally(directory: str) -> tuple[Counter[str], int]:
+    """The counts of every process that recorded into ``directory``, and how
+    many processes did."""
+    total: Counter[str] = Counter()
+    processes = 0
+    for name in os.listdir(directory):
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                lines = f.read().split("\n")
+        except OSError:
+            continue
+        processes += 1
+        total.update(line for line in lines if line)
+    return total, processes
+
+
+def _write_report(path: str, directory: str, top: int) -> None:
+    if os.getpid() != top:
+        return  # a fork child leaving by sys.exit(): only the top process writes it
+    counts, processes = tally(directory)
+    report: dict[str, int] = dict(counts)
+    report["processes"] = processes
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, sort_keys=True)
+        f.write("\n")
+    shutil.rmtree(directory, ignore_errors=True)
