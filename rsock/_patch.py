@@ -136,15 +136,25 @@ def _wants_rsock(family: Any, type: Any, proto: Any, fileno: Any) -> bool:
     return proto in _STREAM_PROTOS
 
 
-def _from_rsock() -> bool:
-    """Is the code constructing the socket part of the rsock package?"""
+# Modules whose sockets must stay kernel sockets: multiprocessing.connection
+# hands a connected socket's fd over (detach()) and then reads and writes the
+# fd itself (Listener/Client with TCP addresses, managers), which an rsock
+# connection cannot do; its connections stay on TCP (README, differences).
+_KERNEL_ONLY = frozenset({"multiprocessing.connection"})
+
+
+def _stays_stdlib() -> bool:
+    """Is the code constructing the socket part of the rsock package, or a
+    module that needs a kernel socket (_KERNEL_ONLY)?"""
     try:
-        # 0: _from_rsock, 1: socket.__new__, 2: whoever called socket.socket(...)
+        # 0: _stays_stdlib, 1: socket.__new__, 2: whoever called socket.socket(...)
         caller = sys._getframe(2)
     except ValueError:
         return False
     name = caller.f_globals.get("__name__", "")
-    return isinstance(name, str) and (name == "rsock" or name.startswith("rsock."))
+    if not isinstance(name, str):
+        return False
+    return name == "rsock" or name.startswith("rsock.") or name in _KERNEL_ONLY
 
 
 class _SocketMeta(type):
@@ -189,7 +199,7 @@ class socket(_Std, metaclass=_SocketMeta):
             # a subclass (ssl.SSLSocket imported under the patch, user classes):
             # an ordinary stdlib socket; its __init__ runs as usual
             return super().__new__(cls)
-        if _active and not _from_rsock():
+        if _active and not _stays_stdlib():
             if _wants_rsock(family, type, proto, fileno):
                 rs = _rs.socket(family, type, proto)
                 _note("rsock")

@@ -253,3 +253,45 @@ def test_usage_errors(tmp_path: Path, args: list[str], code: int, message: str) 
 def test_help(tmp_path: Path) -> None:
     proc = rsock_run("run", "--help", cwd=tmp_path)
     assert proc.returncode == 0 and "usage: python -m rsock run" in proc.stdout
+
+
+MP_CONNECTION = """\
+import threading
+from multiprocessing.connection import Client, Listener
+from multiprocessing.managers import BaseManager
+
+with Listener(("127.0.0.1", 0), authkey=b"k") as listener:
+    def serve():
+        with listener.accept() as c:
+            c.send(c.recv()[::-1])
+    t = threading.Thread(target=serve)
+    t.start()
+    with Client(listener.address, authkey=b"k") as c:
+        c.send("hello")
+        print(c.recv())
+    t.join(30)
+
+class M(BaseManager):
+    pass
+
+M.register("table", callable=lambda: {"a": 1})
+m = M(address=("127.0.0.1", 0), authkey=b"x")
+m.start()
+print(m.table().copy()["a"])
+m.shutdown()
+"""
+
+
+@pytest.mark.timeout_s(90)
+def test_multiprocessing_connection_over_tcp_addresses(tmp_path: Path) -> None:
+    """Listener/Client and a manager with TCP addresses work under run (their
+    sockets stay kernel sockets: multiprocessing.connection detaches the fd)."""
+    prog = tmp_path / "mpc.py"
+    prog.write_text(MP_CONNECTION)
+    oracle = subprocess.run(
+        [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert oracle.returncode == 0, oracle.stderr
+    proc = rsock_run("run", str(prog), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == oracle.stdout.split() == ["olleh", "1"]
