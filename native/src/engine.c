@@ -2213,16 +2213,28 @@ static void eng_park(rsk_sock *s, int fd, int short_of, int64_t now)
 	};
 }
 
+/* A client's REQ follows its connect() at once (it made its segments
+ * before connecting): a non-blocking accept that woke for the connection
+ * gives the REQ a moment (1 ms at most, once per client) rather than fail
+ * with EAGAIN on a listener that polled readable, which TCP's never does. */
+static int eng_req_soon(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, 1) > 0 && cm_req_ready(fd);
+}
+
 /*
- * One step of accepting, never blocking: a pending client whose REQ has
- * arrived is handshaken; new clients are taken off the listening fds and
- * either handshaken at once or parked until their REQ comes (the parked
- * fds are in epfd, so the listener turns readable then).  Returns 0 with
+ * One step of accepting, never blocking (but eng_req_soon): a pending
+ * client whose REQ has arrived is handshaken; new clients are taken off the
+ * listening fds and either handshaken at once or parked until their REQ
+ * comes (the parked fds are in epfd, so the listener turns readable then).  Returns 0 with
  * *res (and *cp made), -EAGAIN if nothing is ready, or -ENOMEM/-EMFILE/
  * -ENFILE: then every client stays (parked, or in the kernel's queue)
  * for a later accept, as TCP keeps them queued.
  */
-static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp)
+static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp,
+			   int nb)
 {
 	int64_t now = eng_now_ns();
 	int i, fd, rc, short_rc = 0;
@@ -2268,7 +2280,7 @@ static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp)
 				return fd;
 			if (fd < 0)
 				continue;
-			if (cm_req_ready(fd)) {
+			if (cm_req_ready(fd) || (nb && eng_req_soon(fd))) {
 				rc = eng_take(s, fd, res, cp);
 				if (rc == 0)
 					return 0;
@@ -2318,7 +2330,7 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 		goto out;
 	}
 	for (;;) {
-		rc = eng_accept_step(s, &res, &c);
+		rc = eng_accept_step(s, &res, &c, timeout_ms == 0);
 		if (rc != -EAGAIN)
 			break;
 		if (eng_xfd_ready(s)) {
