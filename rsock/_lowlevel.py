@@ -15,8 +15,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rsock import _fastcall
-from rsock._native import ffi, lib
+try:
+    from rsock import _fastcall
+    from rsock._native import ffi, lib
+except ImportError as _e:  # pragma: no cover - depends on how rsock was installed
+    _here = os.path.dirname(os.path.abspath(__file__))
+    raise ImportError(
+        f"rsock's compiled extensions (_native, _fastcall) are not in {_here}: "
+        "this is probably a source tree of rsock that shadows the installed package "
+        "(it comes first on sys.path, e.g. as the current directory). Run from another "
+        "directory, or build the tree in place with `make venv`."
+    ) from _e
 
 F_PEEK: int = lib.RSK_F_PEEK
 F_WAITALL: int = lib.RSK_F_WAITALL

@@ -295,3 +295,24 @@ def test_multiprocessing_connection_over_tcp_addresses(tmp_path: Path) -> None:
     proc = rsock_run("run", str(prog), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == oracle.stdout.split() == ["olleh", "1"]
+
+
+def test_a_source_tree_shadowing_the_install_says_so(tmp_path: Path) -> None:
+    """Running from a checkout that has no built extension (it comes first on
+    sys.path) fails with a sentence that says what is going on, not with a
+    circular-import error."""
+    import shutil
+
+    import rsock
+
+    tree = tmp_path / "rsock"
+    shutil.copytree(
+        Path(rsock.__file__).parent, tree, ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "import rsock"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 1
+    assert "shadows the installed package" in proc.stderr, proc.stderr
+    assert "circular import" not in proc.stderr.splitlines()[-1]
