@@ -309,9 +309,13 @@ def test_a_source_tree_shadowing_the_install_says_so(tmp_path: Path) -> None:
     shutil.copytree(
         Path(rsock.__file__).parent, tree, ignore=shutil.ignore_patterns("*.so", "__pycache__")
     )
+    import typing_extensions
+
+    # -S: no site, so no editable-install finder; the dependencies stay importable
+    deps = str(Path(typing_extensions.__file__).parent)
     proc = subprocess.run(
-        [sys.executable, "-c", "import rsock"], cwd=tmp_path, capture_output=True, text=True,
-        timeout=30,
+        [sys.executable, "-S", "-c", "import rsock"], cwd=tmp_path, capture_output=True,
+        text=True, timeout=30, env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{deps}"),
     )
     assert proc.returncode == 1
     assert "shadows the installed package" in proc.stderr, proc.stderr
