@@ -190,7 +190,7 @@ class RsockTransport(asyncio.Transport):
         # means the ring is empty: stop there, the engine keeps the fd
         # readable if more arrives (level-triggered), so nothing is missed.
         addr = self._h.addr
-        late = 0  # an engine error met after data (-errno): reported after it
+        big = False  # the scratch filled up: read straight out of the ring now
         for _ in range(_READS_PER_WAKEUP):
             if not self._reading or self._conn_lost:
                 return
@@ -222,17 +222,19 @@ class RsockTransport(asyncio.Transport):
                         return
                     continue
             else:
-                n = _fast_recv_into(addr, self._scratch, 0)
+                if big:
+                    # more is waiting: one bytes object straight out of the
+                    # ring (joining it to the scratch's, as before, allocated
+                    # and copied every large read twice)
+                    r = _ll.recv_bytes(self._h, _MAX_READ, 0, 0)
+                    n = len(r) if isinstance(r, bytes) else r
+                    data = r if isinstance(r, bytes) else b""
+                else:
+                    n = _fast_recv_into(addr, self._scratch, 0)
+                    if n > 0:
+                        data = bytes(self._scratch_mv[:n])
+                        big = n == _SCRATCH
                 if n > 0:
-                    data = bytes(self._scratch_mv[:n])
-                    if n == _SCRATCH:
-                        # more is waiting: take it straight out of the ring
-                        r = _ll.recv_bytes(self._h, _MAX_READ, 0, 0)
-                        if isinstance(r, bytes):
-                            data += r
-                        elif r not in (-errno.EAGAIN, -errno.EINTR):
-                            # reported once: deliver the data, then this
-                            late = r
                     try:
                         self._protocol.data_received(data)  # type: ignore[attr-defined]
                     except (SystemExit, KeyboardInterrupt):
@@ -242,12 +244,9 @@ class RsockTransport(asyncio.Transport):
                             exc, "Fatal error: protocol.data_received() call failed."
                         )
                         return
-                    if late:
-                        n = late
-                    elif n < _SCRATCH:
-                        return
-                    else:
-                        continue
+                    if not big:
+                        return  # a short read: the ring is empty
+                    continue
             if n == 0:
                 self._read_eof()
                 return
