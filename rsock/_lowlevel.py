@@ -402,6 +402,11 @@ def set_dialing(h: Handle, on: bool) -> int:
     return int(lib.rsk_set_dialing(h.ptr, 1 if on else 0))
 
 
+def set_refused(h: Handle) -> int:
+    """A non-blocking connect failed: the fd polls as a refused TCP socket's."""
+    return int(lib.rsk_set_refused(h.ptr))
+
+
 def listen_fd(h: Handle, fd: int) -> int:
     """A kernel listening fd joins the listener (rsk_accept then says -EXDEV)."""
     return int(lib.rsk_listen_fd(h.ptr, fd))

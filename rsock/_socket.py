@@ -837,7 +837,8 @@ class socket:
         if core.nb == _NB_PENDING:
             return 0  # still in progress, as TCP's while its SYN is unanswered
         err, core.so_error = core.so_error, 0
-        return err or _ll.take_error(h)
+        taken = _ll.take_error(h)  # (after a refused connect: the fd's error too)
+        return err or taken
 
     # ------------------------------------------------------------ server side
 
@@ -1093,6 +1094,7 @@ class socket:
             self._dial_behind(h, core, dst)
         elif -rc in _ASYNC_CONNECT_ERRORS:
             core.nb, core.so_error = _NB_FAILED, -rc
+            _ll.set_refused(h)
         else:
             return rc
         return -_errno.EINPROGRESS
@@ -1125,6 +1127,7 @@ class socket:
                     core.nb = _NB_DONE
                 else:
                     core.nb, core.so_error = _NB_FAILED, -rc
+                    _ll.set_refused(h)
             finally:
                 _ll.set_dialing(h, False)
                 done.set()

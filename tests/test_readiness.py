@@ -190,6 +190,48 @@ def test_readable_listener_accepts_at_once(sockmod: ModuleType) -> None:
     assert eagain <= 2, f"{eagain} of {n} accepts of a readable listener failed"
 
 
+@pytest.mark.timeout_s(60)
+def test_refused_nonblocking_connect_polls_as_tcps(sockmod: ModuleType) -> None:
+    """A refused non-blocking connect: the fd polls readable, writable, error
+    and hang-up; reading SO_ERROR clears the error flag; connecting the same
+    socket again to a listener works and the fd follows it."""
+    import errno
+
+    with socket.socket() as probe:  # a port with no listener
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mask = select.POLLIN | select.POLLOUT | select.POLLERR | select.POLLHUP
+
+    def flags(sock: Any) -> int:
+        p = select.poll()
+        p.register(sock, mask)
+        ev = p.poll(5000)
+        return ev[0][1] & mask if ev else 0
+
+    with sockmod.socket() as c:
+        c.setblocking(False)
+        assert c.connect_ex(("127.0.0.1", port)) in (errno.EINPROGRESS, errno.ECONNREFUSED)
+        time.sleep(0.05)
+        assert flags(c) == mask
+        assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
+        assert flags(c) == mask & ~select.POLLERR
+        assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        with sockmod.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            # Linux: the first connect after the failure reports it was aborted
+            assert c.connect_ex(listener.getsockname()) == errno.ECONNABORTED
+            assert c.connect_ex(listener.getsockname()) in (0, errno.EINPROGRESS)
+            assert flags(c) == select.POLLOUT
+            assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(b"after")
+                assert select.select([c], [], [], 5)[0]
+                assert flags(c) == select.POLLIN | select.POLLOUT
+                assert c.recv(5) == b"after"
+
+
 def test_readable_when_peer_killed(
     sockmod: ModuleType, transport: str, peers: Peers, readable: Readable
 ) -> None:

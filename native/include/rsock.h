@@ -128,6 +128,12 @@ int rsk_set_interest(rsk_sock *s, int events);
  * writable, as a TCP socket's whose SYN is unanswered; off again, it polls
  * writable (the connect's outcome is then read as SO_ERROR). */
 int rsk_set_dialing(rsk_sock *s, int on);
+/* A non-blocking connect of this unconnected endpoint failed (its outcome is
+ * read as SO_ERROR): rsk_fileno polls as a refused TCP socket's fd does,
+ * readable, writable, error and hang-up, until the next connect or listen
+ * (which give it a fresh fd under the same number).  -EISCONN if it is
+ * connected or listening. */
+int rsk_set_refused(rsk_sock *s);
 /* The read end of the process's signal wakeup fd (Python's
  * signal.set_wakeup_fd writes a byte into the other end when a signal
  * arrives), -1 for none: a blocking call in the main thread returns
@@ -199,7 +205,8 @@ int rsk_shutdown(rsk_sock *s, int how);
 int rsk_poll(rsk_sock *s);
 /* Blocks until one of events is ready or the timeout; returns revents. */
 int rsk_wait(rsk_sock *s, int events, int timeout_ms);
-/* Pending error (like SO_ERROR): returns and clears it, 0 if none. */
+/* Pending error (like SO_ERROR): returns and clears it, 0 if none (after
+ * rsk_set_refused it clears the pending error of rsk_fileno too). */
 int rsk_take_error(rsk_sock *s);
 /* Human-readable cause of the last connection failure ("" if none). */
 const char *rsk_detail(rsk_sock *s);

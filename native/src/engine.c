@@ -1940,6 +1940,15 @@ int rsk_take_error(rsk_sock *s)
 	eng_lock(s);
 	e = s->so_error;
 	s->so_error = 0;
+	if (s->refused) {
+		/* the caller read the refused connect's outcome: fa's pending
+		 * error goes too, as SO_ERROR clears a TCP socket's (it still
+		 * polls readable, writable and hung up) */
+		int fe;
+		socklen_t n = sizeof(fe);
+
+		getsockopt(s->fa, SOL_SOCKET, SO_ERROR, &fe, &n);
+	}
 	pthread_mutex_unlock(&s->lock);
 	return e;
 }
@@ -2005,6 +2014,53 @@ int rsk_set_dialing(rsk_sock *s, int on)
 		rc = on ? -EISCONN : 0;
 	eng_leave(s); /* syncs the fd */
 	return rc;
+}
+
+int rsk_set_refused(rsk_sock *s)
+{
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind != K_NEW) {
+		rc = -EISCONN;
+	} else if (s->fb >= 0) {
+		/* as a reset connection's (eng_sync_pair): fb closes with the
+		 * filler queued, so fa gets a pending error and hangs up */
+		close(s->fb);
+		s->fb = -1;
+		s->refused = 1;
+	}
+	eng_leave(s);
+	return rc;
+}
+
+/* After rsk_set_refused, the next connect or listen needs a live fa: a new
+ * socketpair, its first end moved onto fa's number.  (Pollers that
+ * registered the old fa lose it, as its file is gone.) */
+static int eng_fd_renew(rsk_sock *s)
+{
+	int fab[2];
+
+	if (!s->refused)
+		return 0;
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
+		       fab) < 0)
+		return -errno;
+	if (dup3(fab[0], s->fa, O_CLOEXEC) < 0) {
+		int rc = -errno;
+
+		close(fab[0]);
+		close(fab[1]);
+		return rc;
+	}
+	close(fab[0]);
+	s->fb = fab[1];
+	s->tok = 0;
+	s->filled = 0;
+	s->refused = 0;
+	eng_fd_init(s);
+	return 0;
 }
 
 int rsk_set_interest(rsk_sock *s, int events)
@@ -2106,6 +2162,8 @@ int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog)
 		rc = -EISCONN;
 	else if (s->nlfd == RSK_MAX_NAMES)
 		rc = -ENOSPC;
+	else
+		rc = eng_fd_renew(s);
 	if (rc)
 		goto out;
 	if (!s->pend && !(s->pend = calloc(RSK_MAX_PEND, sizeof(*s->pend)))) {
@@ -2404,6 +2462,8 @@ static int eng_connect(rsk_sock *s, const struct eng_dial *d)
 		rc = -EISCONN;
 	else if (s->kind == K_LISTEN)
 		rc = -EINVAL;
+	else
+		rc = eng_fd_renew(s);
 	if (rc)
 		goto out;
 	o = s->opts;

@@ -181,6 +181,7 @@ struct rsk_sock {
 	int tok;    /* a token sits in fa */
 	int filled; /* fa's send buffer is shrunk: not writable */
 	int dialing; /* K_NEW: rsk_set_dialing (fa not writable) */
+	int refused; /* K_NEW: rsk_set_refused (fb closed; eng_fd_renew) */
 	int wslot;  /* our slot in the watcher thread's table, -1 if none
 		     * (taken and dropped under s->lock; the table's own lock
 		     * comes after it) */
