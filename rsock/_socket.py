@@ -136,10 +136,28 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={v!r} is not an integer") from None
 
 
+_CONFIG_VARS = (
+    "RSOCK_PROVIDER", "RSOCK_RING_SIZE", "RSOCK_QDEPTH", "RSOCK_INLINE", "RSOCK_SPIN_US",
+)
+_config_cache: dict[tuple[str | None, ...], tuple[str, _ll.Opts]] = {}
+
+
 def provider_config() -> tuple[str, _ll.Opts]:
     """The provider and tunables new sockets get, read from the environment
     (``RSOCK_PROVIDER``, ``RSOCK_RING_SIZE``, ``RSOCK_QDEPTH``,
-    ``RSOCK_INLINE``, ``RSOCK_SPIN_US``)."""
+    ``RSOCK_INLINE``, ``RSOCK_SPIN_US``) at every call; parsed once per set
+    of values."""
+    environ = os.environ
+    key = tuple(environ.get(name) for name in _CONFIG_VARS)
+    hit = _config_cache.get(key)
+    if hit is None:
+        if len(_config_cache) >= 64:
+            _config_cache.clear()
+        hit = _config_cache[key] = _provider_config()
+    return hit
+
+
+def _provider_config() -> tuple[str, _ll.Opts]:
     d = _ll.default_opts()
     opts = _ll.Opts(
         ring_size=_env_int("RSOCK_RING_SIZE", d.ring_size),
@@ -242,9 +260,18 @@ def _names(family: int, host: str, port: int) -> list[bytes]:
     return names
 
 
+_LOCAL_TTL = 1.0  # seconds an _is_local answer is reused (addresses rarely move)
+_local_cache: dict[tuple[int, str], tuple[float, bool, str]] = {}
+
+
 def _is_local(family: int, host: str) -> tuple[bool, str]:
     """Is host an address of this host (this network namespace)?  Also the
-    source address the kernel would use to reach it."""
+    source address the kernel would use to reach it.  (The kernel is asked
+    through a UDP socket, 5 syscalls; the answer is reused for _LOCAL_TTL.)"""
+    now = time.monotonic()
+    hit = _local_cache.get((family, host))
+    if hit is not None and now - hit[0] < _LOCAL_TTL:
+        return hit[1], hit[2]
     try:
         with _std.socket(family, _std.SOCK_DGRAM) as u:
             u.connect((host, 9))
@@ -252,7 +279,11 @@ def _is_local(family: int, host: str) -> tuple[bool, str]:
     except OSError:
         return False, ""
     ip = ipaddress.ip_address(host.split("%")[0])
-    return ip.is_loopback or src == host, src
+    local = ip.is_loopback or src == host
+    if len(_local_cache) >= 256:
+        _local_cache.clear()
+    _local_cache[(family, host)] = (now, local, src)
+    return local, src
 
 
 def make_file(
@@ -986,6 +1017,20 @@ class socket:
             host = "0.0.0.0" if self._family == _std.AF_INET else "::"
         elif host == "<broadcast>":
             host = "255.255.255.255"
+        if isinstance(host, str):
+            # a numeric address needs no resolver (getaddrinfo costs several
+            # syscalls); anything else (names, "127.1", scopes) goes to it
+            try:
+                packed = _std.inet_pton(self._family, host)
+            except (OSError, ValueError):
+                pass
+            else:
+                if self._family == _std.AF_INET:
+                    return (host, port)
+                flow = _index(address[2]) if len(address) > 2 else 0
+                scope = _index(address[3]) if len(address) > 3 else 0
+                if flow == 0 and scope == 0:
+                    return (_std.inet_ntop(self._family, packed), port, 0, 0)
         infos = _std.getaddrinfo(cast(Any, host), port, self._family, _std.SOCK_STREAM)
         return tuple(infos[0][4])
 
