@@ -86,7 +86,13 @@ ffibuilder.set_source(
     sources=_sources(),
     depends=_depends(),
     include_dirs=[_rel(os.path.join(HERE, "include")), _rel(os.path.join(HERE, "src"))],
-    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-D_GNU_SOURCE"],
+    # -fvisibility=hidden: the engine's symbols (rsk_*, eng_*, cm_*, shm_*, ring_*)
+    # stay inside the extension; only PyInit__native is exported (rsock._fastcall
+    # gets the entry points it calls as addresses, from rsock._lowlevel)
+    extra_compile_args=[
+        "-O2", "-Wall", "-Wextra", "-Werror", "-std=gnu11", "-D_GNU_SOURCE",
+        "-fvisibility=hidden",
+    ],
     libraries=["pthread", "dl"],
 )
 

@@ -419,3 +419,17 @@ def test_unsupported_flags(pair: Pair, sockmod: ModuleType, transport: str) -> N
         with pytest.raises(OSError) as info:
             client.send(b"!", sockmod.MSG_OOB)
         assert info.value.errno == errno.EOPNOTSUPP
+
+
+def test_extension_exports_only_its_init() -> None:
+    """The engine's symbols stay inside rsock._native (-fvisibility=hidden):
+    nothing a process loads beside it can bind to them or clash with them."""
+    import ctypes
+
+    import rsock._native as native
+
+    lib = ctypes.CDLL(native.__file__)
+    assert hasattr(lib, "PyInit__native")
+    for name in ("rsk_socket", "rsk_send", "eng_now_ns", "cm_connect", "shm_ops", "verbs_ops",
+                 "ring_roundup_pow2"):
+        assert not hasattr(lib, name), name
