@@ -629,9 +629,22 @@ class SSLSocket:
             self._handshake_done = True
         with memoryview(data) as view:
             chunk = view.cast("B") if view.ndim != 1 or view.format != "B" else view
-            if len(chunk) > _WRITE_CHUNK:
-                chunk = chunk[:_WRITE_CHUNK]
-            return self._write(sslobj, chunk, timeout)
+            if len(chunk) <= _WRITE_CHUNK or timeout == 0.0:
+                # non-blocking: one chunk, a short count as send() may return
+                return self._write(sslobj, chunk[:_WRITE_CHUNK], timeout)
+            # blocking (or with a timeout): all of it, as OpenSSL's SSL_write
+            # does for the stdlib; the timeout covers the whole call
+            deadline = self._deadline(timeout)
+            total = 0
+            while total < len(chunk):
+                left = None if deadline is None else max(deadline - time.monotonic(), 1e-9)
+                try:
+                    total += self._write(sslobj, chunk[total : total + _WRITE_CHUNK], left)
+                except (TimeoutError, ssl.SSLWantWriteError):
+                    if total:
+                        return total  # what went out before the time ran out
+                    raise
+            return total
 
     def _write(self, sslobj: ssl.SSLObject, chunk: memoryview, timeout: float | None) -> int:
         deadline = self._deadline(timeout)

@@ -389,6 +389,22 @@ def test_makefile_readline_over_tls(tls: SimpleNamespace) -> None:
         assert client.fileno() == -1
 
 
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_blocking_send_writes_everything(tls: SimpleNamespace, timeout: float | None) -> None:
+    """send()/write() of a large buffer on a blocking TLS socket (or one with a
+    timeout) writes all of it, as SSL_write does for the stdlib: callers that
+    do not look at the count lose nothing."""
+    payload = seeded(7, 3 * 1024 * 1024 + 5)
+    with pair_of(tls) as (client, server):
+        client.settimeout(timeout)
+        reader = Background(lambda: recv_exact(server, len(payload)), name="reader")
+        assert client.send(payload) == len(payload)
+        assert client.write(memoryview(payload)[:1_000_000]) == 1_000_000
+        assert sha(reader.result(30)) == sha(payload)
+        assert sha(recv_exact(server, 1_000_000)) == sha(payload[:1_000_000])
+
+
 def test_sendfile_over_tls(tls: SimpleNamespace, tmp_path: Path) -> None:
     data = seeded(14, 3 * MiB + 123)
     path = tmp_path / "f.bin"
