@@ -1751,6 +1751,14 @@ class _TcpSocket(socket):
         k, self._k = self._k, None
         return -1 if k is None else k.detach()
 
+    def take_kernel(self) -> _std.socket:
+        """Hand the kernel socket over (to an event loop's own transport):
+        this object is closed from now on, the caller owns the socket."""
+        k = self._kernel()
+        self._k = None
+        self._closed = True
+        return k
+
     def accept(self) -> tuple[socket, Any]:
         conn, addr = self._kernel().accept()
         _tally("accept:tcp")

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rsock import _lowlevel as _ll
-from rsock._socket import socket
+from rsock._socket import _TcpSocket, socket
 
 _fast_send = _ll.fast_send
 _fast_recv_into = _ll.fast_recv_into
@@ -590,6 +590,10 @@ class RsockServer(asyncio.AbstractServer):
                     self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accept, listener)
                     return
                 raise
+            if isinstance(conn, _TcpSocket):
+                # a plain TCP client on our port: the loop's own transport
+                self._loop.create_task(self._serve_kernel(conn.take_kernel()))
+                continue
             try:
                 protocol = self._factory()
             except BaseException:
@@ -604,6 +608,22 @@ class RsockServer(asyncio.AbstractServer):
                 self._loop, protocol, self._ssl, waiter, server_side=True, **self._tls_args
             )
             RsockTransport(self._loop, conn, tls, server=self)
+
+    async def _serve_kernel(self, kernel: _std.socket) -> None:
+        """A plain TCP client, served as the loop serves its own (under
+        rsock.patch() the loop's method is its original for kernel sockets)."""
+        kernel.setblocking(False)
+        try:
+            await self._loop.connect_accepted_socket(
+                self._factory, kernel, ssl=self._ssl, **self._tls_args
+            )
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            kernel.close()
+            self._loop.call_exception_handler(
+                {"message": "Error serving a plain TCP client", "exception": exc}
+            )
 
     def _handshake_done(self, fut: asyncio.Future[None]) -> None:
         # as the loops do: a failed server-side handshake is logged, not raised
@@ -870,6 +890,14 @@ async def create_connection(
             if len(errors) == 1:
                 raise errors[0]
             raise OSError(f"Multiple exceptions: {', '.join(str(e) for e in errors)}")
+    if isinstance(sock, _TcpSocket):
+        # a plain TCP peer (fallback): the loop's own transport runs it
+        kernel = sock.take_kernel()
+        kernel.setblocking(False)
+        return await loop.create_connection(
+            protocol_factory, sock=kernel, ssl=ctx,
+            server_hostname=server_hostname if ctx is not None else None, **tls,
+        )
     protocol = protocol_factory()
     waiter: asyncio.Future[None] = loop.create_future()
     if ctx is None:

@@ -664,3 +664,82 @@ def test_patch_unpatch_before_import_leaves_no_trace(tmp_path: Path) -> None:
         tmp_path,
     )
     assert out.strip() == "ok"
+
+
+# --------------------------------------------------------------------------- plain TCP peers
+
+PLAIN_SERVER = """\
+import socket
+with socket.create_server(("127.0.0.1", 0)) as s:
+    print(s.getsockname()[1], flush=True)
+    c, _ = s.accept()
+    with c:
+        data = b""
+        while not data.endswith(b"\\n"):
+            data += c.recv(100)
+        c.sendall(data[::-1])
+"""
+
+PLAIN_CLIENT = """\
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as c:
+    c.sendall(b"plain\\n")
+    print(c.recv(100))
+"""
+
+
+def _plain(code: str, *args: str) -> subprocess.Popen[str]:
+    """A program with the stdlib's sockets (no rsock on its path)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+
+
+@pytest.mark.timeout_s(60)
+def test_asyncio_client_and_server_with_plain_tcp_peers(
+    patched: None, run: Callable[[Coroutine[Any, Any, T]], T], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the patch (default fallback), asyncio talks to programs that are
+    not rsock in both directions, as the sync API does: a client falls back to
+    TCP and runs on the loop's own transport, and an rsock server serves a
+    plain TCP client (was: AssertionError; AttributeError in the accept
+    handler and the client never served)."""
+    monkeypatch.delenv("RSOCK_FALLBACK")
+    server = _plain(PLAIN_SERVER)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+
+        async def client_side() -> bytes:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            assert w.get_extra_info("socket") is not None
+            w.write(b"hello\n")
+            data = await r.read(100)
+            w.close()
+            await w.wait_closed()
+            return data
+
+        assert run(client_side()) == b"\nolleh"
+    finally:
+        server.kill()
+        server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+
+    async def server_side() -> str:
+        async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.write((await r.readline())[::-1])
+            await w.drain()
+            w.close()
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        client = _plain(PLAIN_CLIENT, str(port))
+        loop = asyncio.get_running_loop()
+        out, _ = await loop.run_in_executor(None, client.communicate, None, 20)
+        srv.close()
+        await srv.wait_closed()
+        return out.strip()
+
+    assert run(server_side()) == "b'\\nnialp'"
