@@ -875,7 +875,14 @@ async def create_connection(
             s = socket(af, _std.SOCK_STREAM, pr)
             try:
                 if local_addr is not None:
-                    s.bind(local_addr)
+                    # resolved as the loops do (a host of None: getaddrinfo's
+                    # answer, the loopback address)
+                    linfos = await loop.getaddrinfo(
+                        *local_addr, family=af, type=_std.SOCK_STREAM, proto=pr, flags=flags
+                    )
+                    if not linfos:
+                        raise OSError("getaddrinfo() returned empty list")
+                    s.bind(linfos[0][4])
                 await connect_socket(loop, s, sa)
             except OSError as exc:
                 s.close()

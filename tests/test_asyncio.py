@@ -634,3 +634,23 @@ def test_start_tls_upgrade(api: SimpleNamespace, transport: str, run: Any) -> No
             tls_tr.close()
 
     run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.timeout_s(30)
+def test_create_connection_local_addr_with_no_host(api: SimpleNamespace) -> None:
+    """local_addr=(None, port) is resolved as the loops resolve it (was:
+    TypeError from bind).  asyncio's loop only: on uvloop the oracle itself
+    (uvloop over TCP) hangs in uvloop.run's shutdown after this call."""
+
+    async def main() -> str:
+        server = await api.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await api.create_connection(
+            asyncio.Protocol, "127.0.0.1", port, local_addr=(None, 0)
+        )
+        host = str(transport.get_extra_info("sockname")[0])
+        transport.close()
+        server.close()
+        return host
+
+    assert asyncio.run(main()) == "127.0.0.1"
