@@ -26,7 +26,7 @@ import os
 import socket as _std
 import ssl as _ssl
 import warnings
-from asyncio import sslproto
+from asyncio import constants, sslproto, transports
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -55,8 +55,14 @@ def _loop_spin(sock: socket) -> None:
         _ll.set_opts(h, _ll.Opts(o.ring_size, o.qdepth, o.inline_max, 0))
 
 
-class RsockTransport(asyncio.Transport):
-    """``asyncio.Transport`` over a connected rsock socket."""
+class RsockTransport(transports._FlowControlMixin):
+    """``asyncio.Transport`` over a connected rsock socket.
+
+    A ``_FlowControlMixin`` (the class of the loops' own socket transports;
+    its methods are all overridden here) so that ``loop.sendfile()`` takes
+    its read-and-write fallback: asyncio accepts only those for it."""
+
+    _sendfile_compatible = constants._SendfileMode.FALLBACK
 
     def __init__(
         self,
@@ -66,7 +72,7 @@ class RsockTransport(asyncio.Transport):
         server: RsockServer | None = None,
         waiter: asyncio.Future[None] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(None, loop)
         self._info: dict[str, Any] = {"socket": sock}
         self._loop = loop
         self._sock = sock

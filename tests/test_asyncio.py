@@ -654,3 +654,47 @@ def test_create_connection_local_addr_with_no_host(api: SimpleNamespace) -> None
         return host
 
     assert asyncio.run(main()) == "127.0.0.1"
+
+
+@pytest.mark.timeout_s(60)
+def test_loop_sendfile(api: SimpleNamespace, tmp_path: Any) -> None:
+    """loop.sendfile() on a transport sends the file (rsock: asyncio's
+    read-and-write fallback; was RuntimeError), from an offset, a count, and
+    leaves the file position after what was sent; data written after it
+    follows it.  asyncio's loop (uvloop has no loop.sendfile)."""
+    import hashlib
+    import random
+
+    data = random.Random(5).randbytes(3_000_000)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    want = data + data[1000:201_000] + b"after"
+
+    async def main() -> tuple[int, int, int, int, bytes]:
+        loop = asyncio.get_running_loop()
+        got = bytearray()
+        done = loop.create_future()
+
+        class Sink(asyncio.Protocol):
+            def data_received(self, chunk: bytes) -> None:
+                got.extend(chunk)
+                if len(got) >= len(want) and not done.done():
+                    done.set_result(None)
+
+        server = await api.create_server(Sink, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport, _ = await api.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        with open(path, "rb") as f:
+            n1 = await loop.sendfile(transport, f)
+            pos1 = f.tell()
+            n2 = await loop.sendfile(transport, f, 1000, 200_000)
+            pos2 = f.tell()
+        transport.write(b"after")
+        await asyncio.wait_for(done, 20)
+        transport.close()
+        server.close()
+        return n1, pos1, n2, pos2, bytes(got)
+
+    n1, pos1, n2, pos2, got = asyncio.run(main())
+    assert (n1, pos1, n2, pos2) == (len(data), len(data), 200_000, 201_000)
+    assert hashlib.sha256(got).hexdigest() == hashlib.sha256(want).hexdigest()
