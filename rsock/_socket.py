@@ -198,6 +198,23 @@ def _index(v: Any) -> int:
         raise TypeError(_not_int(v)) from None
 
 
+_INT_MAX = 2**31 - 1
+_SSIZE_MAX = 2**63 - 1
+
+
+def _c_int(v: Any, arg: bool = False) -> int:
+    """An int argument, with the OverflowError CPython raises converting it
+    to a C int (arg: as an argument-tuple "i" field, another message)."""
+    n = _index(v)
+    if -_INT_MAX - 1 <= n <= _INT_MAX:
+        return n
+    if not arg:
+        raise OverflowError("Python int too large to convert to C int")
+    if n > 0:
+        raise OverflowError("signed integer is greater than maximum")
+    raise OverflowError("signed integer is less than minimum")
+
+
 def _ebadf() -> OSError:
     return OSError(_errno.EBADF, "Bad file descriptor")
 
@@ -475,7 +492,7 @@ class socket:
             type = _std.SOCK_STREAM
         if proto == -1:
             proto = 0
-        family, type, proto = _index(family), _index(type), _index(proto)
+        family, type, proto = _c_int(family), _c_int(type), _c_int(proto)
         if family not in (_std.AF_INET, _std.AF_INET6):
             raise OSError(_errno.EAFNOSUPPORT, "rsock supports AF_INET and AF_INET6 only")
         if type & ~_SOCK_FLAGS != _std.SOCK_STREAM:
@@ -710,6 +727,11 @@ class socket:
                 v = float(_index(val))
             if math.isnan(v):
                 raise ValueError("Invalid value NaN (not a number)")
+            # CPython keeps timeouts as int64 nanoseconds
+            if isinstance(val, int) and not -(2**63) < val * 10**9 < 2**63:
+                raise OverflowError("timestamp too large to convert to C _PyTime_t")
+            if not -(2.0**63) <= v * 1e9 < 2.0**63:
+                raise OverflowError("timestamp out of range for platform time_t")
             if v < 0:
                 raise ValueError("Timeout value out of range")
             t = v
@@ -1251,7 +1273,7 @@ class socket:
     def _flags(flags: int) -> int:
         if not flags:
             return 0
-        flags = _index(flags)
+        flags = _c_int(flags, arg=True)
         if flags & ~_MSG_SUPPORTED:
             raise OSError(_errno.EOPNOTSUPP, "Operation not supported")
         f = 0
@@ -1421,7 +1443,7 @@ class socket:
     def recv(self, bufsize: int, flags: int = 0, /) -> bytes:
         h = self._h
         if h is not None and self._timeout is None and not flags and type(bufsize) is int:
-            if bufsize > 0:
+            if 0 < bufsize <= _SSIZE_MAX:
                 r = _ll.recv_bytes(h, bufsize, 0, -1)
                 if isinstance(r, bytes):
                     return r
@@ -1431,6 +1453,8 @@ class socket:
 
     def _recv(self, bufsize: int, flags: int, what: str = "recv") -> bytes:
         bufsize = _index(bufsize)
+        if not -_SSIZE_MAX - 1 <= bufsize <= _SSIZE_MAX:
+            raise OverflowError("Python int too large to convert to C ssize_t")
         if bufsize < 0:
             raise ValueError(f"negative buffersize in {what}")
         f = self._flags(flags)
@@ -1651,7 +1675,7 @@ class socket:
                 file.seek(offset + total)
 
     def shutdown(self, how: int, /) -> None:
-        how = _index(how)
+        how = _c_int(how)
         h = self._handle()
         if how not in (_std.SHUT_RD, _std.SHUT_WR, _std.SHUT_RDWR):
             raise OSError(_errno.EINVAL, "Invalid argument")

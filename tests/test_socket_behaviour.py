@@ -504,3 +504,26 @@ def test_peer_sigkill_while_blocked_in_sendall(
     elapsed = detected_at - killed_at
     assert elapsed > 0, "sendall failed before the peer was killed"
     assert elapsed < DETECT_LIMIT_S + KILL_DELIVERY_MARGIN_S, f"noticed after {elapsed:.3f} s"
+
+
+_OUT_OF_RANGE: dict[str, Any] = {
+    "settimeout float": (lambda s: s.settimeout(1e300), "timestamp out of range"),
+    "settimeout int": (lambda s: s.settimeout(10**10), "timestamp too large"),
+    "recv bufsize": (lambda s: s.recv(2**63), "C ssize_t"),
+    "recv flags": (lambda s: s.recv(1, 2**40), "greater than maximum"),
+    "send flags": (lambda s: s.send(b"x", -(2**40)), "less than minimum"),
+    "shutdown how": (lambda s: s.shutdown(2**40), "to C int"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_OUT_OF_RANGE))
+def test_out_of_range_integer_arguments(sockmod: ModuleType, case: str) -> None:
+    """Integers beyond what the C call takes raise the stdlib's OverflowError
+    (and message), before anything else is looked at."""
+    call, message = _OUT_OF_RANGE[case]
+    with sockmod.socket() as s:
+        s.setblocking(False)
+        with pytest.raises(OverflowError, match=message):
+            call(s)
+    with pytest.raises(OverflowError, match="to C int"):
+        sockmod.socket(2**40)
