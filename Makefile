@@ -64,7 +64,7 @@ $(VPY): | sysdeps
 $(STAMP): $(VPY) $(NATIVE_INPUTS) | sysdeps
 	rm -f rsock/_native*.so
 	$(VPY) -m pip install --quiet --upgrade "setuptools>=61" wheel "cffi>=1.15"
-	$(VPY) -m pip install --quiet --no-build-isolation -e '.[test]'
+	$(VPY) -m pip install --quiet --no-build-isolation -e '.[test,compat]'
 	touch $@
 
 check-native: sysdeps
