@@ -149,11 +149,12 @@ def test_readable_on_pending_connection(
 @pytest.mark.timeout_s(60)
 def test_readable_listener_accepts_at_once(sockmod: ModuleType) -> None:
     """A non-blocking listener that polls readable has a connection to hand
-    out: accept() does not fail with EAGAIN (a client thread connects 200
-    times while the main thread selects and accepts)."""
+    out: accept() does not fail with EAGAIN (a client thread connects 60
+    times while the main thread selects and accepts; the client holds its
+    connections, which over verbs pin registered memory: 60, not more)."""
     import threading
 
-    n = 200
+    n = 60
     held: list[Any] = []
     with sockmod.socket() as listener:
         listener.bind(("127.0.0.1", 0))
