@@ -737,9 +737,17 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
 def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     def wrap_socket(self: Any, sock: Any, *args: Any, **kw: Any) -> Any:
+        from rsock import _ssl as _rssl
+
+        if isinstance(sock, _rssl.SSLSocket):
+            # the stdlib would build an SSLSocket on its fd (the rsock
+            # fileno), which it would then own and close under rsock
+            raise ValueError(
+                "this socket already uses TLS (an rsock.SSLSocket): it cannot be wrapped "
+                "again (unwrap() it first)"
+            )
         if not isinstance(sock, _rs.socket):
             return original(self, sock, *args, **kw)
-        from rsock import _ssl as _rssl
 
         _note("ssl:wrap_socket")
         return _rssl.wrap_socket(self, sock, *args, **kw)

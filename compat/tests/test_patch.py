@@ -546,3 +546,37 @@ def test_plain_tcp_clients_of_a_listener(
     else:
         assert out.strip() == "b'ok'"
         assert _delta(before) == {"accept:tcp": 1}
+
+
+def test_wrapping_an_rsock_tls_socket_again_is_refused(patched: None) -> None:
+    """SSLContext.wrap_socket() of an rsock.SSLSocket raises ValueError and
+    leaves the connection working (was: the stdlib built an SSLSocket on the
+    rsock fileno, owned it and closed it under rsock, so an unrelated fd that
+    reused the number was closed later: test_ftplib's server thread died of
+    EBADF).  rsock only: the stdlib would wrap its own SSLSocket's fd again."""
+    import ssl
+
+    certs = Path(__file__).resolve().parent.parent.parent / "tests" / "certs"
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(certs / "localhost.crt", certs / "localhost.key")
+    client_ctx = ssl.create_default_context(cafile=str(certs / "localhost.crt"))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(10)
+        raw = socket.create_connection(listener.getsockname(), timeout=10)
+        conn, _ = listener.accept()
+        result: list[Any] = []
+        t = threading.Thread(
+            target=lambda: result.append(server_ctx.wrap_socket(conn, server_side=True))
+        )
+        t.start()
+        client = client_ctx.wrap_socket(raw, server_hostname="localhost")
+        t.join(10)
+        server = result[0]
+        with client, server:
+            assert isinstance(client, rsock.SSLSocket)
+            fd = client.fileno()
+            with pytest.raises(ValueError, match="already uses TLS"):
+                client_ctx.wrap_socket(client, server_hostname="localhost")
+            assert client.fileno() == fd
+            client.sendall(b"still here")
+            assert server.recv(10) == b"still here"
