@@ -674,6 +674,10 @@ def _send_some(sock: _rs.socket, view: memoryview, pos: int) -> int:
     return pos
 
 
+# notify fd -> the future of the sock_sendall that watches it now
+_sendall_owner: dict[int, Any] = {}
+
+
 async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
     """``loop.sock_sendall`` for an rsock socket.  The loops wait for the
     fd to poll writable, which would take a wake-up of the engine's
@@ -720,6 +724,7 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
         ready()
 
     _ll.set_interest(h, _ll.POLLIN | _ll.POLLOUT)
+    _sendall_owner[nfd] = fut  # a later call on the socket takes the fds over
     try:
         loop.add_reader(nfd, ready)
         if lfd >= 0:
@@ -727,11 +732,15 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
         ready()  # space may have come back before the interest was set
         await fut
     finally:
-        loop.remove_reader(nfd)
-        if live[0] >= 0:
-            loop.remove_reader(live[0])
-        if sock._h is h:
-            _ll.set_interest(h, _ll.POLLIN)
+        # a call cancelled after a later one took over (asyncio's racing
+        # test) must not remove that one's readers: it would never wake
+        if _sendall_owner.get(nfd) is fut:
+            del _sendall_owner[nfd]
+            loop.remove_reader(nfd)
+            if live[0] >= 0:
+                loop.remove_reader(live[0])
+            if sock._h is h:
+                _ll.set_interest(h, _ll.POLLIN)
 
 
 def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:

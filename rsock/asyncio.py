@@ -801,6 +801,10 @@ async def create_server(
     return server
 
 
+# fd -> the future of the connect_socket that waits on it now
+_connect_owner: dict[int, asyncio.Future[None]] = {}
+
+
 async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address: Any) -> None:
     """Connects an rsock socket without blocking the loop.  rsock's connect
     completes at once from the listener's queue, with no round trip to the
@@ -822,11 +826,17 @@ async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address:
             done.set_result(None)
 
     loop.add_writer(fd, writable)
+    _connect_owner[fd] = done  # a later call on the socket takes the fd over
     try:
         await done
     finally:
-        loop.remove_writer(fd)
-        sock._unwatch(_ll.WATCH_FD)  # the transport watches the notify fd
+        # a call cancelled after a later one took over must leave that
+        # one's writer in place (asyncio's connect-racing test)
+        if _connect_owner.get(fd) is done:
+            del _connect_owner[fd]
+            loop.remove_writer(fd)
+            if not isinstance(sock, _TcpSocket):
+                sock._unwatch(_ll.WATCH_FD)  # the transport watches the notify fd
     err = sock.getsockopt(_std.SOL_SOCKET, _std.SO_ERROR)
     if err:
         raise OSError(err, f"Connect call failed {address}")

@@ -743,3 +743,48 @@ def test_asyncio_client_and_server_with_plain_tcp_peers(
         return out.strip()
 
     assert run(server_side()) == "b'\\nnialp'"
+
+
+@pytest.mark.timeout_s(60)
+def test_cancelled_sock_sendall_does_not_strand_the_next(
+    patched: None, run: Callable[[Coroutine[Any, Any, T]], T]
+) -> None:
+    """asyncio's own racing test: a sock_sendall blocked on a full socket is
+    cancelled and another starts at once; the cancelled one's clean-up must
+    not remove the new one's wake-ups (it hung: issue 15.6)."""
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            sock = socket.socket()
+            sock.setblocking(False)
+            await loop.sock_connect(sock, listener.getsockname())
+            server, _ = listener.accept()
+        server.setblocking(False)
+        with sock, server:
+            size = 8192
+            while size >= 4:
+                with pytest.raises(BlockingIOError):
+                    while True:
+                        sock.send(b" " * size)
+                size //= 2
+            task = asyncio.create_task(loop.sock_sendall(sock, b"hello"))
+            await asyncio.sleep(0)
+            task.cancel()
+
+            async def recv_all() -> bytes:
+                got = b""
+                while True:
+                    buf = await loop.sock_recv(server, 1 << 20)
+                    if not buf:
+                        return got
+                    got += buf.strip()
+
+            receiver = asyncio.create_task(recv_all())
+            # awaited directly (not through wait_for, which would make it a
+            # task that runs after the cancelled one has cleaned up)
+            await loop.sock_sendall(sock, b"world")
+            sock.shutdown(socket.SHUT_WR)
+            return await asyncio.wait_for(receiver, 20)
+
+    assert run(main()).endswith(b"world")
