@@ -129,6 +129,32 @@ fuzz:
 		$(MAKE) -C native fuzz-replay FUZZ_REPLAY_SECONDS=$(FUZZ_SECONDS); \
 	fi
 
+# CPython's own networking tests, twice in one job: plain (the oracle) and under
+# `python -m rsock run`, each inside a private network namespace with only loopback up
+# (the patch bypasses the mocks of some tests, which then try real addresses: none may
+# leave this host); tests/cpython/compare.py fails on any test that passes on the
+# stdlib and not under rsock unless tests/cpython/expected.txt lists it with the README
+# difference it comes from.  test_socket is left out (over 5 minutes here; its DNS
+# lookups time out in the namespace); test_ssl and the other test_asyncio modules are
+# not in the set yet.  Root (unshare), ~2 minutes.
+CPYTHON_TESTS ?= test_selectors test_httplib test_urllib2_localnet test_socketserver \
+	test_xmlrpc test_ftplib test_poplib test_wsgiref test_asyncio.test_sock_lowlevel \
+	test_asyncio.test_streams test_asyncio.test_server
+
+.PHONY: test-cpython
+test-cpython: venv
+	@command -v unshare >/dev/null 2>&1 || { $(call apt_install,util-linux); }
+	@command -v ip >/dev/null 2>&1 || { $(call apt_install,iproute2); }
+	rm -rf build/cpython && mkdir -p build/cpython
+	cd build/cpython && unshare -n sh -c 'ip link set lo up && timeout 1200 \
+		$(CURDIR)/$(VPY) -m test $(CPYTHON_TESTS) -u network -j2 \
+		--junit-xml $(CURDIR)/build/cpython/stdlib.xml' > stdlib.log 2>&1 || true
+	cd build/cpython && unshare -n sh -c 'ip link set lo up && timeout 1200 \
+		$(CURDIR)/$(VPY) -m rsock run -m test $(CPYTHON_TESTS) -u network -j2 \
+		--junit-xml $(CURDIR)/build/cpython/rsock.xml' > rsock.log 2>&1 || true
+	$(VPY) tests/cpython/compare.py build/cpython/stdlib.xml build/cpython/rsock.xml \
+		tests/cpython/expected.txt
+
 # Real RDMA: a qemu guest with Soft-RoCE (rdma_rxe) runs the verbs provider's C test,
 # the conformance suite with RSOCK_PROVIDER=verbs, the rsockets peer tests and the
 # rstream comparison (rdma/run-tests.sh; root, ~10-20 min under emulation; the guest
