@@ -799,6 +799,10 @@ static void vq_drain(struct prov_qp *q)
 	uint64_t seq = q->posted;
 	int bad = 0;
 
+	/* a peer whose hang-up is already in our CM channel (nobody looked:
+	 * an idle connection) will never complete the marker: no wait */
+	if (q->connected && !q->peer_gone && q->ch)
+		vq_live_event(q);
 	if (!q->connected || q->peer_gone || q->retired == q->posted ||
 	    q->posted - q->retired >= q->sq_max)
 		return;
@@ -815,8 +819,11 @@ static void vq_drain(struct prov_qp *q)
 	q->posted++;
 	while (q->retired != q->posted && !bad && v_now_ms() < until) {
 		vq_poll_send(q, NULL, 0, &bad);
-		if (q->retired != q->posted)
+		if (q->retired != q->posted) {
+			if (vq_live_event(q))
+				break; /* the peer went meanwhile */
 			nanosleep(&(struct timespec){ .tv_nsec = 50000 }, NULL);
+		}
 	}
 }
 
