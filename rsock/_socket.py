@@ -18,6 +18,7 @@ the last of them closes.  ``makefile()`` defers the close like the stdlib.
 
 from __future__ import annotations
 
+import _socket as _ksocket
 import dataclasses
 import errno as _errno
 import io
@@ -200,19 +201,69 @@ def _index(v: Any) -> int:
 
 _INT_MAX = 2**31 - 1
 _SSIZE_MAX = 2**63 - 1
+_LONG_MAX = 2**63 - 1  # a C long (LP64)
+
+
+def _c_long(v: Any) -> int:
+    """An int argument CPython converts to a C long, with its OverflowError."""
+    n = _index(v)
+    if not -_LONG_MAX - 1 <= n <= _LONG_MAX:
+        raise OverflowError("Python int too large to convert to C long")
+    return n
 
 
 def _c_int(v: Any, arg: bool = False) -> int:
     """An int argument, with the OverflowError CPython raises converting it
-    to a C int (arg: as an argument-tuple "i" field, another message)."""
+    to a C int (arg: as an argument-tuple "i" field, which converts to a C
+    long first: other messages)."""
     n = _index(v)
     if -_INT_MAX - 1 <= n <= _INT_MAX:
         return n
     if not arg:
         raise OverflowError("Python int too large to convert to C int")
+    _c_long(n)
     if n > 0:
         raise OverflowError("signed integer is greater than maximum")
     raise OverflowError("signed integer is less than minimum")
+
+
+def _c_ssize(v: Any) -> int:
+    """An int argument CPython converts to a Py_ssize_t ("n" field)."""
+    n = _index(v)
+    if not -_SSIZE_MAX - 1 <= n <= _SSIZE_MAX:
+        raise OverflowError("Python int too large to convert to C ssize_t")
+    return n
+
+
+# how many callers of detach() _release_adopter looks at (the stdlib's
+# SSLSocket._create, through a proxy's detach and rsock.SSLSocket.detach)
+_ADOPTER_FRAMES = 6
+
+
+def _release_adopter(fd: int) -> bool:
+    """Undo the stdlib's adoption of our fileno before detach() refuses.
+
+    ``ssl.SSLContext.wrap_socket()`` (and code written like it) builds
+    ``socket.socket(fileno=sock.fileno())`` and only then calls
+    ``sock.detach()``.  Given an rsock socket (directly, under a proxy
+    object, or inside an rsock.SSLSocket), detach() must refuse, and that
+    half-built stdlib socket would own the rsock fd: the garbage collector
+    closes it, and rsock's close later closes whatever file took the number.
+    So a stdlib socket object in the callers' frames that holds our fd lets
+    go of it first (``_socket.socket.detach``: nothing is closed); the fd
+    keeps its one owner.  Only a socket holding this very fd number is
+    touched: any such object is an alias of rsock's fd.  True if one was."""
+    released = False
+    frame: Any = sys._getframe(2)  # detach()'s caller
+    for _ in range(_ADOPTER_FRAMES):
+        if frame is None:
+            break
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, _ksocket.socket) and value.fileno() == fd:
+                _ksocket.socket.detach(value)
+                released = True
+        frame = frame.f_back
+    return released
 
 
 def _ebadf() -> OSError:
@@ -237,18 +288,26 @@ def _opt_int(value: Any, optlen: int | None) -> int:
     """An int option value given to setsockopt the ways the stdlib accepts:
     an int, a bytes-like object holding a C int, or ``None`` with optlen."""
     if optlen is not None:
-        if value is not None:
-            raise TypeError("setsockopt() takes None as the value when optlen is given")
-        # the kernel reads optlen bytes from a NULL pointer
-        raise OSError(
-            _errno.EINVAL if optlen < 4 else _errno.EFAULT,
-            os.strerror(_errno.EINVAL if optlen < 4 else _errno.EFAULT),
-        )
-    if isinstance(value, int):
-        v = int(value)
-        if not -(2**31) <= v < 2**31:
-            raise OverflowError("signed integer is greater than maximum")
-        return v
+        # CPython tries (level, name, int), then (level, name, None, unsigned
+        # int), then (level, name, buffer): what fails here fails the last
+        try:
+            if value is not None:
+                raise TypeError
+            n = operator.index(optlen) & 0xFFFFFFFF  # "I": no overflow check
+        except TypeError:
+            raise TypeError("setsockopt() takes exactly 3 arguments (4 given)") from None
+        # the kernel takes optlen as an int and reads it from a NULL pointer
+        err = _errno.EINVAL if n < 4 or n > _INT_MAX else _errno.EFAULT
+        raise OSError(err, os.strerror(err))
+    try:
+        v = operator.index(value)
+    except TypeError:
+        pass
+    else:
+        if -_INT_MAX - 1 <= v <= _INT_MAX:
+            return v
+        # not a C int: CPython then takes it for a buffer, which it is not
+        raise TypeError(f"a bytes-like object is required, not '{type(value).__name__}'")
     try:
         view = memoryview(value)
     except TypeError:
@@ -260,8 +319,8 @@ def _opt_int(value: Any, optlen: int | None) -> int:
 
 
 def _opt_result(v: int, buflen: int | None) -> int | bytes:
-    if buflen is None:
-        return v
+    if not buflen:
+        return v  # buflen 0 too, as the stdlib
     if buflen < 0 or buflen > 1024:
         raise OSError("getsockopt buflen out of range")
     return v.to_bytes(4, sys.byteorder, signed=True)[:buflen]
@@ -475,6 +534,9 @@ class socket:
     _h: _ll.Handle | None
     _core: _Core
     _k: _std.socket | None  # only once the connection went the TCP way
+    # set on the sockets an rsock.SSLSocket holds: an unclosed one is reported
+    # by the SSLSocket's own ResourceWarning, as the stdlib names its SSLSocket
+    _tls_owned = False
 
     def __init__(
         self,
@@ -648,7 +710,7 @@ class socket:
 
     def __del__(self) -> None:
         if getattr(self, "_h", None) is not None:
-            if not self._closed:
+            if not self._closed and not self._tls_owned:
                 warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
             self._real_close()
 
@@ -691,9 +753,18 @@ class socket:
         engine, not in a file descriptor that could be handed over, so this
         raises ``OSError(EOPNOTSUPP)`` and leaves the socket as it was.  On a
         closed socket it returns -1, like the stdlib."""
-        if self._h is None:
+        h = self._h
+        if h is None:
             self._closed = True
             return -1
+        if _release_adopter(_ll.fileno(h)):
+            raise OSError(
+                _errno.EOPNOTSUPP,
+                "rsock.socket.detach(): an rsock connection has no kernel socket to hand "
+                "over, so a stdlib socket cannot take over its fileno() (the stdlib's "
+                "SSLContext.wrap_socket() cannot wrap it, or a proxy of it: give the rsock "
+                "socket itself to rsock.ssl_wrap_socket())",
+            )
         raise OSError(
             _errno.EOPNOTSUPP,
             "rsock.socket.detach(): an rsock connection has no kernel socket to hand "
@@ -742,7 +813,7 @@ class socket:
         return self._timeout
 
     def setblocking(self, flag: bool, /) -> None:
-        block = _index(flag)
+        block = _c_long(flag)
         self._handle()
         self._timeout = None if block else 0.0
 
@@ -820,8 +891,6 @@ class socket:
         reserves the address: validated and read back as the kernel does,
         without effect on the rsock connection."""
         level, optname = _index(level), _index(optname)
-        if optlen is not None:
-            optlen = _index(optlen)
         if level == SOL_RSOCK or (level == _SOL_SOCKET and optname in (_SO_RCVBUF, _SO_SNDBUF)):
             v = _opt_int(value, optlen)
             h = self._handle()
@@ -864,9 +933,9 @@ class socket:
         """``socket.getsockopt``; ``SO_RCVBUF``/``SO_SNDBUF`` report the ring
         size, ``SO_ERROR`` the outcome of a non-blocking connect or the
         engine's pending error, ``SOL_RSOCK`` the engine's tunables."""
-        level, optname = _index(level), _index(optname)
+        level, optname = _c_int(level, True), _c_int(optname, True)
         if buflen is not None:
-            buflen = _index(buflen)
+            buflen = _c_int(buflen, True)
         h = self._handle()
         core = self._core
         if level == _SOL_SOCKET:
@@ -896,7 +965,7 @@ class socket:
     # ------------------------------------------------------------ server side
 
     def listen(self, backlog: int = -1, /) -> None:
-        backlog = _index(backlog)
+        backlog = _c_int(backlog, True)
         h = self._handle()
         core = self._core
         if core.connected:
@@ -1130,9 +1199,9 @@ class socket:
             core.detail = _ll.detail(h)
         return rc
 
-    def _connect(self, address: Any) -> int:
+    def _connect(self, address: Any, what: str = "connect") -> int:
         """connect() as a -errno code (0 when connected)."""
-        dst = self._resolve(address)  # the stdlib checks (and resolves) it first
+        dst = self._resolve(address, what)  # the stdlib checks (and resolves) it first
         h = self._handle()
         core = self._core
         if core.nb:
@@ -1254,7 +1323,7 @@ class socket:
 
     def connect_ex(self, address: Any, /) -> int:
         try:
-            rc = self._connect(address)
+            rc = self._connect(address, "connect_ex")
         except OSError as e:
             if e.errno is None or isinstance(e, _std.gaierror):
                 raise
@@ -1271,9 +1340,9 @@ class socket:
 
     @staticmethod
     def _flags(flags: int) -> int:
-        if not flags:
+        if type(flags) is int and not flags:
             return 0
-        flags = _c_int(flags, arg=True)
+        flags = _c_int(flags, arg=True)  # None, floats: TypeError, as the stdlib
         if flags & ~_MSG_SUPPORTED:
             raise OSError(_errno.EOPNOTSUPP, "Operation not supported")
         f = 0
@@ -1286,10 +1355,16 @@ class socket:
         return f
 
     @staticmethod
-    def _cbuf(data: Any, writable: bool = False) -> Any:
+    def _cbuf(data: Any, writable: bool = False, what: str = "") -> Any:
         try:
             return _ll.from_buffer(data, writable)
         except (TypeError, BufferError) as e:
+            if writable and what:
+                # the stdlib's "w*" argument, whatever is wrong with it
+                name = "None" if data is None else type(data).__name__
+                raise TypeError(
+                    f"{what}() argument 1 must be read-write bytes-like object, not {name}"
+                ) from None
             if writable and _read_only(data):
                 raise TypeError(
                     f"argument must be read-write bytes-like object, not {type(data).__name__}"
@@ -1307,7 +1382,7 @@ class socket:
 
     def send(self, data: Buffer, flags: int = 0, /) -> int:
         h = self._h
-        if h is not None and self._timeout is None and not flags:
+        if h is not None and self._timeout is None and not flags and type(flags) is int:
             try:
                 rc: int = _fast_send(h.addr, data, -1)
             except (TypeError, BufferError):
@@ -1327,7 +1402,7 @@ class socket:
 
     def sendall(self, data: Buffer, flags: int = 0, /) -> None:
         h = self._h
-        if h is not None and self._timeout is None and not flags:
+        if h is not None and self._timeout is None and not flags and type(flags) is int:
             # hot path: blocking, no flags; C sends everything or fails
             try:
                 rc = _fast_sendall(h.addr, data, -1)
@@ -1373,11 +1448,11 @@ class socket:
     def sendto(self, data: Buffer, flags_or_address: Any, address: Any = None, /) -> int:
         """``socket.sendto(data[, flags], address)``: on a connected stream
         socket the address is checked, then ignored, as Linux TCP does."""
+        self._cbuf(data)
         if address is None:
             flags, address = 0, flags_or_address
         else:
-            flags = _index(flags_or_address)
-        self._cbuf(data)
+            flags = _c_int(flags_or_address, True)
         self._resolve(address, "sendto")
         return self.send(data, flags)
 
@@ -1394,24 +1469,25 @@ class socket:
         drops it (``SCM_RIGHTS`` included); an address is checked and
         ignored, as on a connected TCP socket.  Everything is validated
         before a byte is sent."""
+        flags = _c_int(flags, True)
+        if address is not None:
+            self._resolve(address, "sendmsg")
         try:
             items = list(buffers)
         except TypeError:
             raise TypeError("sendmsg() argument 1 must be an iterable") from None
         bufs = [self._cbuf(b) for b in items]
         try:
-            return self._sendmsg_bufs(bufs, items, ancdata, flags, address)
+            return self._sendmsg_bufs(bufs, items, ancdata, flags)
         except BaseException:
             _release(*bufs)
             raise
 
     def _sendmsg_bufs(
-        self, bufs: list[Any], items: list[Any], ancdata: Iterable[Any], flags: int, address: Any
+        self, bufs: list[Any], items: list[Any], ancdata: Iterable[Any], flags: int
     ) -> int:
         _check_ancdata(ancdata)
         f = self._flags(flags)
-        if address is not None:
-            self._resolve(address, "sendmsg")
         h = self._handle()
         total = sum(len(b) for b in bufs)
         if len(bufs) == 1:
@@ -1442,7 +1518,13 @@ class socket:
 
     def recv(self, bufsize: int, flags: int = 0, /) -> bytes:
         h = self._h
-        if h is not None and self._timeout is None and not flags and type(bufsize) is int:
+        if (
+            h is not None
+            and self._timeout is None
+            and not flags
+            and type(flags) is int
+            and type(bufsize) is int
+        ):
             if 0 < bufsize <= _SSIZE_MAX:
                 r = _ll.recv_bytes(h, bufsize, 0, -1)
                 if isinstance(r, bytes):
@@ -1452,9 +1534,8 @@ class socket:
         return self._recv(bufsize, flags)
 
     def _recv(self, bufsize: int, flags: int, what: str = "recv") -> bytes:
-        bufsize = _index(bufsize)
-        if not -_SSIZE_MAX - 1 <= bufsize <= _SSIZE_MAX:
-            raise OverflowError("Python int too large to convert to C ssize_t")
+        bufsize = _c_ssize(bufsize)
+        flags = _c_int(flags, True)  # both parsed before the sign is looked at
         if bufsize < 0:
             raise ValueError(f"negative buffersize in {what}")
         f = self._flags(flags)
@@ -1476,7 +1557,7 @@ class socket:
 
     def recv_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> int:
         h = self._h
-        if h is not None and self._timeout is None and not flags:
+        if h is not None and self._timeout is None and not flags and type(flags) is int:
             # hot path: blocking, no flags (anything odd goes the long way,
             # which raises the stdlib's exception)
             try:
@@ -1491,19 +1572,20 @@ class socket:
         return self._recv_into(buffer, nbytes, flags)
 
     def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:
-        nbytes = _index(nbytes)
-        if not -sys.maxsize - 1 <= nbytes <= sys.maxsize:  # the stdlib converts to Py_ssize_t first
-            raise OverflowError("Python int too large to convert to C ssize_t")
-        if nbytes < 0:
-            raise ValueError(f"negative buffersize in {what}")
-        buf = self._cbuf(buffer, True)
-        size = len(buf)
-        if nbytes == 0:
-            nbytes = size
-        elif nbytes > size:
-            _release(buf)
-            raise ValueError("buffer too small for requested bytes")
+        buf = self._cbuf(buffer, True, what)
         try:
+            # the stdlib's order: the arguments, then their values
+            nbytes = _c_ssize(nbytes)
+            flags = _c_int(flags, True)
+            if nbytes < 0:
+                raise ValueError(f"negative buffersize in {what}")
+            size = len(buf)
+            if nbytes == 0:
+                nbytes = size
+            elif nbytes > size:
+                if what == "recvfrom_into":
+                    raise ValueError("nbytes is greater than the length of the buffer")
+                raise ValueError("buffer too small for requested bytes")
             return self._call(_ll.recv_into, buf, nbytes, self._flags(flags))
         except BaseException:
             _release(buf)
@@ -1522,7 +1604,9 @@ class socket:
     ) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]:
         """``socket.recvmsg``: ``(data, [], 0, None)``; a stream carries no
         ancillary data, message flags or address."""
-        bufsize = _index(bufsize)
+        bufsize = _c_ssize(bufsize)
+        ancbufsize = _c_ssize(ancbufsize)
+        flags = _c_int(flags, True)
         if bufsize < 0:
             raise ValueError("negative buffer size in recvmsg()")
         _check_ancbufsize(ancbufsize)
@@ -1539,6 +1623,8 @@ class socket:
         fills further buffers with what is already there; with
         ``MSG_WAITALL`` fills them all)."""
         msg = "recvmsg_into() argument 1 must be an iterable of single-segment read-write buffers"
+        ancbufsize = _c_ssize(ancbufsize)
+        flags = _c_int(flags, True)
         try:
             items = list(buffers)
             bufs = [_ll.from_buffer(b, True) for b in items]
@@ -1749,7 +1835,8 @@ class _TcpSocket(socket):
     def __del__(self) -> None:
         k = getattr(self, "_k", None)
         if k is not None:
-            warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
+            if not self._tls_owned:
+                warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
             self._real_close()
 
     def __repr__(self) -> str:
@@ -1789,6 +1876,7 @@ class _TcpSocket(socket):
         return _TcpSocket._wrap(self, conn), addr
 
     def listen(self, backlog: int = -1, /) -> None:
+        backlog = _c_int(backlog, True)
         k = self._kernel()
         if backlog < 0:
             k.listen()
@@ -1843,8 +1931,8 @@ def _check_ancdata(ancdata: Any) -> None:
             raise TypeError(
                 "[sendmsg() ancillary data items]() argument must be sequence of length 3"
             ) from None
-        _index(level)
-        _index(kind)
+        _c_int(level, True)
+        _c_int(kind, True)
         try:
             memoryview(data)
         except TypeError:
@@ -1854,7 +1942,8 @@ def _check_ancdata(ancdata: Any) -> None:
 
 
 def _check_ancbufsize(ancbufsize: Any) -> None:
-    if _index(ancbufsize) < 0:
+    # a socklen_t, which CPython limits to INT_MAX
+    if not 0 <= _c_ssize(ancbufsize) <= _INT_MAX:
         raise ValueError("invalid ancillary data buffer length")
 
 

@@ -527,3 +527,169 @@ def test_out_of_range_integer_arguments(sockmod: ModuleType, case: str) -> None:
             call(s)
     with pytest.raises(OverflowError, match="to C int"):
         sockmod.socket(2**40)
+
+
+class _Index:
+    """An integer-like object (``__index__``), as numpy integers are."""
+
+    def __index__(self) -> int:
+        return 65536
+
+
+# What the stdlib's argument parsing raises for integers out of the C type's
+# range (or not integers at all), before the call looks at the socket: each
+# case is (call on a fresh non-blocking socket, exception, message pattern).
+# None as the exception: the call returns.
+_INTEGER_ARGUMENTS: dict[str, Any] = {
+    # setsockopt: an int that is no C int is then taken for a buffer
+    "setsockopt value > C int": (
+        lambda s: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2**31),
+        TypeError,
+        "a bytes-like object is required, not 'int'",
+    ),
+    "setsockopt value < C int": (
+        lambda s: s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, -(2**40)),
+        TypeError,
+        "a bytes-like object is required, not 'int'",
+    ),
+    "setsockopt __index__ value": (
+        lambda s: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _Index()),
+        None,
+        "",
+    ),
+    # optlen is an unsigned int taken modulo 2**32: 2**32 is 0
+    "setsockopt optlen 2**32": (
+        lambda s: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, None, 2**32),
+        OSError,
+        "Invalid argument",
+    ),
+    "setsockopt optlen not an int": (
+        lambda s: s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, None, 4.0),
+        TypeError,
+        "takes exactly 3 arguments",
+    ),
+    "getsockopt buflen > C int": (
+        lambda s: s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2**31),
+        OverflowError,
+        "signed integer is greater than maximum",
+    ),
+    "getsockopt buflen > C long": (
+        lambda s: s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR, -(2**63) - 1),
+        OverflowError,
+        "too large to convert to C long",
+    ),
+    "listen backlog > C int": (
+        lambda s: s.listen(2**31),
+        OverflowError,
+        "signed integer is greater than maximum",
+    ),
+    "listen backlog < C int": (
+        lambda s: s.listen(-(2**31) - 1),
+        OverflowError,
+        "signed integer is less than minimum",
+    ),
+    "listen backlog > C long": (
+        lambda s: s.listen(2**64),
+        OverflowError,
+        "too large to convert to C long",
+    ),
+    "setblocking > C long": (
+        lambda s: s.setblocking(2**63),
+        OverflowError,
+        "too large to convert to C long",
+    ),
+    "recv flags > C long": (
+        lambda s: s.recv(1, 2**63),
+        OverflowError,
+        "too large to convert to C long",
+    ),
+    "recv flags None": (
+        lambda s: s.recv(1, None),
+        TypeError,
+        "'NoneType' object cannot be interpreted as an integer",
+    ),
+    "send flags None": (
+        lambda s: s.send(b"x", None),
+        TypeError,
+        "'NoneType' object cannot be interpreted as an integer",
+    ),
+    # all arguments are parsed before any value is looked at
+    "recv negative bufsize, flags > C int": (
+        lambda s: s.recv(-1, 2**40),
+        OverflowError,
+        "signed integer is greater than maximum",
+    ),
+    "recv_into read-only buffer, negative nbytes": (
+        lambda s: s.recv_into(b"ro", -1),
+        TypeError,
+        r"recv_into\(\) argument 1 must be read-write bytes-like object, not bytes",
+    ),
+    "recvfrom_into nbytes > buffer": (
+        lambda s: s.recvfrom_into(bytearray(1), 2),
+        ValueError,
+        "nbytes is greater than the length of the buffer",
+    ),
+    "recvmsg ancbufsize > C int": (
+        lambda s: s.recvmsg(1, 2**31),
+        ValueError,
+        "invalid ancillary data buffer length",
+    ),
+    "recvmsg ancbufsize > ssize_t": (
+        lambda s: s.recvmsg(-1, 2**63),
+        OverflowError,
+        "too large to convert to C ssize_t",
+    ),
+    "recvmsg_into ancbufsize > C int": (
+        lambda s: s.recvmsg_into([bytearray(1)], 2**31),
+        ValueError,
+        "invalid ancillary data buffer length",
+    ),
+    "recvmsg_into flags > C int before the buffers": (
+        lambda s: s.recvmsg_into([b"ro"], 0, 2**31),
+        OverflowError,
+        "signed integer is greater than maximum",
+    ),
+    "sendmsg ancillary level > C int": (
+        lambda s: s.sendmsg([b"x"], [(2**31, 1, b"")]),
+        OverflowError,
+        "signed integer is greater than maximum",
+    ),
+    "sendmsg ancillary type > C long": (
+        lambda s: s.sendmsg([b"x"], [(socket.SOL_SOCKET, 2**64, b"")]),
+        OverflowError,
+        "too large to convert to C long",
+    ),
+    "sendmsg flags > C int before the buffers": (
+        lambda s: s.sendmsg(object(), [], 2**31),
+        OverflowError,
+        "signed integer is greater than maximum",
+    ),
+    "connect_ex port > 65535": (
+        lambda s: s.connect_ex(("127.0.0.1", 2**16)),
+        OverflowError,
+        r"connect_ex\(\): port must be 0-65535",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_INTEGER_ARGUMENTS))
+def test_integer_arguments_as_the_stdlib_parses_them(sockmod: ModuleType, case: str) -> None:
+    """Out-of-range or non-integer arguments raise what the stdlib's C
+    argument parsing raises (type and message), in its order: every argument
+    is converted before any value is checked."""
+    call, exc, message = _INTEGER_ARGUMENTS[case]
+    with sockmod.socket() as s:
+        s.setblocking(False)
+        if exc is None:
+            call(s)
+        else:
+            with pytest.raises(exc, match=message):
+                call(s)
+
+
+def test_getsockopt_buflen_zero_returns_an_int(sockmod: ModuleType) -> None:
+    """getsockopt(level, name, 0) is getsockopt(level, name), as in CPython."""
+    with sockmod.socket() as s:
+        value = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 0)
+        assert isinstance(value, int)
+        assert value == s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
