@@ -205,6 +205,7 @@ class SSLSocket:
         # the stdlib detaches the socket it wraps; an rsock connection has no fd
         # to hand over, so take a second reference and close the caller's
         inner = sock.dup()
+        inner._tls_owned = True  # an unclosed one is this object's warning
         sock.close()
         self._sock = inner
         self._timeout = timeout
@@ -331,6 +332,14 @@ class SSLSocket:
     def __getstate__(self) -> None:
         raise TypeError(f"cannot pickle {self.__class__.__name__!r} object")
 
+    def __del__(self) -> None:
+        # the stdlib's unclosed SSLSocket warns under its own name; the
+        # rsock sockets inside stay quiet (_tls_owned) and close with it
+        if getattr(self, "_sock", None) is not None:
+            if not self._closed:
+                warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
+            self._real_close()
+
     def __enter__(self) -> Self:
         return self
 
@@ -430,6 +439,7 @@ class SSLSocket:
         w = self._wsock
         if w is None:
             w = self._wsock = self._inner().dup()
+            w._tls_owned = True
             self._warmed = _UNSET
         value = self._left(deadline, what)
         if value != self._warmed:

@@ -12,7 +12,9 @@ on ``tcp``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import hashlib
 import http.server
 import os
@@ -27,6 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -780,6 +783,94 @@ def test_detach(tls: SimpleNamespace) -> None:
             assert info.value.errno == errno.EOPNOTSUPP
             client.sendall(b"still here")
             assert recv_exact(server, 10) == b"still here"
+
+
+class _Proxy:
+    """A socket-like object that forwards every attribute to a socket."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def _stdlib_wrap_target(tls: SimpleNamespace, what: str) -> tuple[Any, Any, Any]:
+    """(socket, its peer, what to give SSLContext.wrap_socket)."""
+    if what == "tls":
+        client, server = tls_pair(tls)
+        return client, server, client
+    raw_client, raw_server = connected_pair(tls.mod)
+    return raw_client, raw_server, (_Proxy(raw_client) if what == "proxy" else raw_client)
+
+
+@pytest.mark.parametrize("patch", [False, True], ids=["unpatched", "patched"])
+@pytest.mark.parametrize("what", ["socket", "proxy", "tls"])
+def test_stdlib_wrap_socket_leaves_one_owner_of_the_fd(
+    tls: SimpleNamespace, what: str, patch: bool
+) -> None:
+    """ssl.SSLContext.wrap_socket() given a socket, a proxy object around one,
+    or a socket that already uses TLS: the stdlib's SSLSocket takes the fd and
+    the socket lets go of it (detach).  On rsock (no kernel socket to hand
+    over) the wrap fails or goes to rsock.SSLSocket, and the rsock socket
+    keeps the fd.  Either way one object owns it: it stays open until that
+    one closes it, and closing all of them closes no unrelated file that
+    took the number (was: the stdlib's half-built SSLSocket closed the rsock
+    fd when collected, and rsock's close later closed whatever reused the
+    number: test_ftplib's server thread died of EBADF)."""
+    sock, peer, target = _stdlib_wrap_target(tls, what)
+    fd = sock.fileno()
+    wrapped: Any = None
+    pipe: tuple[int, int] | None = None
+    try:
+        with patched(tls.transport) if patch else contextlib.nullcontext():
+            try:
+                wrapped = client_context().wrap_socket(
+                    target, server_hostname="localhost", do_handshake_on_connect=False
+                )
+            except (OSError, ValueError):
+                if tls.transport == "tcp":
+                    raise
+        gc.collect()  # a half-built SSLSocket that owned the fd would close it now
+        owners = [s for s in (sock, wrapped) if s is not None and s.fileno() == fd]
+        assert len(owners) == 1, f"fd {fd} claimed by {owners}"
+        os.fstat(fd)  # still open
+        if wrapped is None:  # the refused wrap left the connection as it was
+            sock.sendall(b"still here")
+            assert recv_exact(peer, 10) == b"still here"
+        pipe = os.pipe()  # an unrelated file, maybe under a number that was freed
+        sock.close()
+        if wrapped is not None:
+            wrapped.close()
+        for unrelated in pipe:
+            os.fstat(unrelated)
+    finally:
+        sock.close()
+        if wrapped is not None:
+            wrapped.close()
+        peer.close()
+        if pipe is not None:
+            for unrelated in pipe:
+                os.close(unrelated)
+
+
+def test_unclosed_tls_socket_warns_under_its_own_name(tls: SimpleNamespace) -> None:
+    """A TLS socket dropped unclosed: one ResourceWarning each, naming the
+    SSLSocket (rsock's named the rsock socket inside it), also after a send
+    with a timeout (rsock keeps a second inner socket for those)."""
+    client, server = tls_pair(tls)
+    client.settimeout(10)
+    client.sendall(b"x")
+    assert recv_exact(server, 1) == b"x"
+    name = "<ssl.SSLSocket" if tls.transport == "tcp" else "<rsock.SSLSocket"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del client, server
+        gc.collect()
+    messages = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(messages) == 2, messages
+    for message in messages:
+        assert message.startswith("unclosed " + name), message
 
 
 # --------------------------------------------------------------------------- rsock.patch()
