@@ -11,6 +11,7 @@ The frameworks are the test-only extra ``compat`` (pinned in pyproject.toml;
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -173,3 +174,28 @@ def test_uvicorn_workers_over_rsock(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+@pytest.mark.timeout_s(240)
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_dask_local_cluster(transport: str, method: str, tmp_path: Path) -> None:
+    """dask.distributed's LocalCluster(processes=True) with workers started
+    by spawn (dask's default) and by fork: the scheduler and nannies in the
+    program's process, each worker in its own; under ``rsock run`` the
+    workers inherit the patch, and the one report (aggregated over the
+    process tree) must show every connection, made and accepted, on shm."""
+    # installed (make test installs the extra), not imported: importing
+    # distributed adds import finders to this process
+    assert importlib.util.find_spec("distributed") is not None
+    env = _env(transport)
+    proc = subprocess.run(
+        _cmd(transport, tmp_path / "report.json", str(FW / "dask_cluster.py"), method),
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["OK"], proc.stdout
+    if transport == "rsock":
+        counts = _check_report(tmp_path / "report.json", "client")
+        _check_report(tmp_path / "report.json", "server")
+        assert counts["connect:shm"] == counts["accept:shm"], counts
+        assert counts["processes"] >= 3, counts  # the program and two workers
