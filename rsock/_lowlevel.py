@@ -424,3 +424,23 @@ def notify_fds(h: Handle) -> tuple[int, int]:
 def check_peer(h: Handle) -> int:
     """The liveness fd fired: 1 if the peer is gone, 0 if not, or -errno."""
     return int(lib.rsk_check_peer(h.ptr))
+
+
+def rendezvous_bind(name: bytes) -> int:
+    """A new fd bound to the rendezvous name, not listening yet (or -errno)."""
+    return int(lib.rsk_rendezvous_bind(name, len(name)))
+
+
+def listen_adopt(h: Handle, fd: int, backlog: int, shared: bool) -> int:
+    """The bound rendezvous fd listens and joins h (h owns it on success);
+    shared: other processes hold it too."""
+    return int(lib.rsk_listen_adopt(h.ptr, fd, backlog, 1 if shared else 0))
+
+
+def listen_fds(h: Handle) -> list[int]:
+    """A listener's rendezvous fds (still h's)."""
+    fds = ffi.new("int[8]")
+    rc = int(lib.rsk_listen_fds(h.ptr, fds, 8))
+    if rc < 0:
+        raise oserror(rc)
+    return [int(fds[i]) for i in range(min(rc, 8))]

@@ -489,6 +489,8 @@ class _Core:
         "nb_done",
         "bufreq",
         "ring_set",
+        "rv",
+        "shared",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
@@ -509,6 +511,10 @@ class _Core:
         # ring sizes asked for with SO_RCVBUF / SO_SNDBUF (0: not set)
         self.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
         self.ring_set = False  # ring size chosen (RSOCK_RING_SIZE, SO_RCVBUF/SNDBUF)
+        # rendezvous fds bound ahead of listen() (a bound socket handed to
+        # another process: _reduce_for_child), by name; listen() adopts them
+        self.rv: dict[bytes, int] = {}
+        self.shared = False  # rv (or the listener's fds) handed to another process
 
     def acquire(self) -> None:
         with self.lock:
@@ -521,7 +527,10 @@ class _Core:
                 return
             tcp, self.tcp = self.tcp, None
             self.connected = False
+            rv, self.rv = self.rv, {}
         _ll.close(self.h)
+        for fd in rv.values():
+            os.close(fd)
         if tcp is not None:
             tcp.close()
 
@@ -864,6 +873,20 @@ class socket:
             raise OSError(_errno.EINVAL, "Invalid argument")
         tcp.bind(address)
         core.bound = True
+        self._bind_names(tcp)
+
+    def _bind_names(self, tcp: _std.socket) -> None:
+        """Bind the rendezvous names now, as the kernel binds the port: a
+        socket handed to other processes (fork, multiprocessing) before it
+        listens is then one listener in all of them, whichever listen()s."""
+        core = self._core
+        for name in self._listen_names(tcp):
+            if name in core.rv:
+                continue
+            fd = _ll.rendezvous_bind(name)
+            if fd < 0:
+                raise _ll.oserror(fd)
+            core.rv[name] = fd
 
     def getsockname(self) -> Any:
         self._handle()
@@ -985,15 +1008,14 @@ class socket:
             tcp.bind(("0.0.0.0", 0) if self._family == _std.AF_INET else ("::", 0))
             core.bound = True
         host, port = tcp.getsockname()[:2]
-        names = [f"rsock/{'4' if self._family == _std.AF_INET else '6'}/{host}/{port}".encode()]
-        if (
-            self._family == _std.AF_INET6
-            and host == "::"
-            and not tcp.getsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY)
-        ):
-            names.append(f"rsock/4/0.0.0.0/{port}".encode())
-        for name in names:
-            rc = _ll.listen(h, name, backlog)
+        for name in self._listen_names(tcp):
+            fd = core.rv.pop(name, None)
+            if fd is None:
+                rc = _ll.listen(h, name, backlog)
+            else:  # bound before (or in another process): listen on it
+                rc = _ll.listen_adopt(h, fd, backlog, core.shared)
+                if rc < 0:
+                    os.close(fd)
             if rc < 0:
                 raise _ll.oserror(rc)
         # remote RDMA clients (rdma_cm has its own port space: same number)
@@ -1010,6 +1032,18 @@ class socket:
         if rc < 0:
             raise _ll.oserror(rc)
         core.listening = True
+
+    def _listen_names(self, tcp: _std.socket) -> list[bytes]:
+        """The rendezvous names a listener bound where tcp is takes."""
+        host, port = tcp.getsockname()[:2]
+        names = [f"rsock/{'4' if self._family == _std.AF_INET else '6'}/{host}/{port}".encode()]
+        if (
+            self._family == _std.AF_INET6
+            and host == "::"
+            and not tcp.getsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY)
+        ):
+            names.append(f"rsock/4/0.0.0.0/{port}".encode())
+        return names
 
     def accept(self) -> tuple[socket, Any]:
         h = self._handle()
@@ -1211,6 +1245,10 @@ class socket:
         if core.listening:
             return -_errno.EINVAL
         self._check_provider()
+        if core.rv:  # bound names no listener will take (a client bound first)
+            rv, core.rv = core.rv, {}
+            for fd in rv.values():
+                os.close(fd)
         core.detail = ""
         if self._provider_name == "tcp":
             return _FALLBACK
@@ -2037,3 +2075,108 @@ def create_server(
     except OSError:
         sock.close()
         raise
+
+
+# ------------------------------------------------------- to a child process
+
+
+def _reduce_for_child(sock: socket) -> tuple[Any, ...]:
+    """How multiprocessing's pickler hands an rsock socket to a child
+    process (a spawned or forkserver child, a Queue): a listening or bound
+    socket, as uvicorn --workers and the stdlib's own examples do.
+
+    A kernel socket goes over as its fd; the child's socket shares the
+    parent's open file description and so the parent's listening queue.
+    rsock does the same with the fds a listener has: the kernel TCP socket
+    that reserves the port and the rendezvous sockets local clients connect
+    to.  A socket only bound (not listening yet) binds its rendezvous names
+    now, so that every process that receives it and calls listen() listens
+    on the same sockets, where a second listener of its own would find the
+    name taken.  A connection cannot go: it lives in this process's engine
+    (README, differences)."""
+    from multiprocessing import reduction
+
+    h = sock._handle()
+    core = sock._core
+    if core.connected or core.nb:
+        raise TypeError(
+            "cannot pickle a connected rsock.socket: the connection lives in this "
+            "process's engine (a listening or bound socket can be handed to a child)"
+        )
+    tcp = sock._reserve()
+    rv: list[tuple[bytes, Any]] = []
+    core.shared = True
+    if tcp.getsockname()[1]:  # bound (by bind(), or by listen())
+        names = sock._listen_names(tcp)
+        if core.listening:
+            fds = _ll.listen_fds(h)
+            if len(fds) != len(names):
+                raise TypeError(f"cannot pickle {sock!r}: its rendezvous names changed")
+            pairs = list(zip(names, fds, strict=True))
+        else:
+            sock._bind_names(tcp)
+            pairs = [(name, core.rv[name]) for name in names]
+        rv = [(name, reduction.DupFd(fd)) for name, fd in pairs]
+    state = (
+        sock._family,
+        sock.type,
+        sock._proto,
+        sock._timeout,
+        _ll.get_opts(h),
+        reduction.DupFd(tcp.fileno()),
+        rv,
+        core.listening,
+    )
+    return _rebuild_in_child, state
+
+
+def _rebuild_in_child(
+    family: int,
+    type_: int,
+    proto: int,
+    timeout: float | None,
+    opts: _ll.Opts,
+    tcp_df: Any,
+    rv: list[tuple[bytes, Any]],
+    listening: bool,
+) -> socket:
+    sock = socket(family, type_, proto)
+    try:
+        h = sock._handle()
+        core = sock._core
+        rc = _ll.set_opts(h, opts)
+        if rc < 0:
+            raise _ll.oserror(rc)
+        tcp = _std.socket(family, _std.SOCK_STREAM, 0, fileno=tcp_df.detach())
+        if core.tcp is not None:
+            core.tcp.close()
+        core.tcp = tcp
+        core.bound = bool(tcp.getsockname()[1])
+        core.shared = True
+        for name, df in rv:
+            core.rv[name] = df.detach()
+        if listening:
+            sock.listen()
+        sock.settimeout(timeout)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _reduce_tcp_for_child(sock: _TcpSocket) -> tuple[Any, ...]:
+    """A socket on the TCP path is a kernel socket: it goes over as one."""
+    from multiprocessing import reduction
+
+    reduced: tuple[Any, ...] = reduction._reduce_socket(sock._kernel())  # type: ignore[attr-defined]
+    return reduced
+
+
+def _register_reducers() -> None:
+    from multiprocessing import reduction
+
+    reduction.register(socket, _reduce_for_child)
+    reduction.register(_TcpSocket, _reduce_tcp_for_child)
+
+
+_register_reducers()

@@ -146,6 +146,21 @@ int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o);
 /* Listening: each call adds one rendezvous name (an abstract Unix-domain
  * name, without the leading NUL) to the endpoint; -EADDRINUSE if taken. */
 int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog);
+/* Sharing a listener between processes (multiprocessing hands sockets to
+ * its children this way): rsk_rendezvous_bind returns a new fd bound to the
+ * name, not listening yet (-EADDRINUSE if taken); rsk_listen_adopt makes
+ * such an fd (inherited, or one of rsk_listen_fds) listen and join s,
+ * which owns it on success (-ENOTSOCK, -EINVAL for any other kind of
+ * fd); the
+ * processes holding it share its queue, as with a kernel listener.  shared:
+ * other processes hold the fd too, so closing s must not shut it down (a
+ * close then wakes an accept blocked in another thread within its bounded
+ * wait, not at once).  rsk_listen_fds copies up to n of a listener's
+ * rendezvous fds (still s's, and shared from then on) and returns how many
+ * it has. */
+int rsk_rendezvous_bind(const char *name, size_t namelen);
+int rsk_listen_adopt(rsk_sock *s, int fd, int backlog, int shared);
+int rsk_listen_fds(rsk_sock *s, int *fds, int n);
 /* Also listen on fd (not owned; e.g. a kernel TCP listener on the same
  * port): it joins the pollable fd, and rsk_accept returns -EXDEV when a
  * connection waits there (and none on the rendezvous), for the caller to

@@ -71,7 +71,7 @@ static int cm_peer_uid_ok(int fd)
 	return cr.uid == geteuid();
 }
 
-int cm_listen_fd(const char *name, size_t namelen, int backlog)
+int cm_bind_fd(const char *name, size_t namelen)
 {
 	struct sockaddr_un sa;
 	socklen_t len;
@@ -83,13 +83,44 @@ int cm_listen_fd(const char *name, size_t namelen, int backlog)
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, len) < 0 ||
-	    listen(fd, backlog < 0 ? 0 : backlog) < 0) {
+	if (bind(fd, (struct sockaddr *)&sa, len) < 0) {
 		rc = -errno;
 		close(fd);
 		return rc;
 	}
 	return fd;
+}
+
+int cm_listen_fd(const char *name, size_t namelen, int backlog)
+{
+	int fd = cm_bind_fd(name, namelen), rc;
+
+	if (fd < 0)
+		return fd;
+	if (listen(fd, backlog < 0 ? 0 : backlog) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+int cm_is_rendezvous(int fd)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof(sa);
+	int type = 0;
+	socklen_t tl = sizeof(type);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0)
+		return -errno;
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0)
+		return -errno;
+	/* a bound abstract SEQPACKET Unix socket, as cm_bind_fd makes */
+	if (sa.sun_family != AF_UNIX || type != SOCK_SEQPACKET ||
+	    len <= offsetof(struct sockaddr_un, sun_path) + 1 || sa.sun_path[0] != 0)
+		return -EINVAL;
+	return 0;
 }
 
 static int cm_send(int fd, const struct cm_msg *m, const int *fds, int nfds)

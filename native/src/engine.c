@@ -329,6 +329,7 @@ int rsk_socket(rsk_sock **out)
 	if (!s)
 		return -ENOMEM;
 	s->fork_gen = eng_fork_gen;
+	s->fork_pgen = eng_fork_pgen;
 	s->lock_gen = eng_fork_gen;
 	s->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (s->epfd < 0) {
@@ -2151,9 +2152,32 @@ fail:
 	return rc;
 }
 
+/* Under s's lock: the rendezvous socket fd (bound, listening) joins s,
+ * which owns it from then on (on success only). */
+static int eng_listen_add(rsk_sock *s, int fd)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+	int rc;
+
+	if (s->kind == K_CONN)
+		return -EISCONN;
+	if (s->nlfd == RSK_MAX_NAMES)
+		return -ENOSPC;
+	if ((rc = eng_fd_renew(s)))
+		return rc;
+	if (!s->pend && !(s->pend = calloc(RSK_MAX_PEND, sizeof(*s->pend))))
+		return -ENOMEM;
+	/* EEXIST: a process that shares this epoll instance with us (a
+	 * socket bound before a fork) made the same socket listen first */
+	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
+		return -errno;
+	s->lfd[s->nlfd++] = fd;
+	eng_become_listener(s);
+	return 0;
+}
+
 int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog)
 {
-	struct epoll_event ev = { .events = EPOLLIN };
 	int rc, fd;
 
 	if ((rc = eng_enter(s)))
@@ -2162,28 +2186,56 @@ int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog)
 		rc = -EISCONN;
 	else if (s->nlfd == RSK_MAX_NAMES)
 		rc = -ENOSPC;
-	else
-		rc = eng_fd_renew(s);
-	if (rc)
-		goto out;
-	if (!s->pend && !(s->pend = calloc(RSK_MAX_PEND, sizeof(*s->pend)))) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	fd = cm_listen_fd(name, namelen, backlog);
-	if (fd < 0) {
+	else if ((fd = cm_listen_fd(name, namelen, backlog)) < 0)
 		rc = fd;
-		goto out;
-	}
-	ev.data.fd = fd;
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		rc = -errno;
+	else if ((rc = eng_listen_add(s, fd)))
 		close(fd);
-		goto out;
+	eng_leave(s);
+	return rc;
+}
+
+int rsk_rendezvous_bind(const char *name, size_t namelen)
+{
+	return cm_bind_fd(name, namelen);
+}
+
+int rsk_listen_adopt(rsk_sock *s, int fd, int backlog, int shared)
+{
+	int rc;
+
+	if (fd < 0)
+		return -EBADF;
+	if ((rc = cm_is_rendezvous(fd)))
+		return rc;
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind == K_CONN)
+		rc = -EISCONN;
+	else if (listen(fd, backlog < 0 ? 0 : backlog) < 0)
+		rc = -errno;
+	else if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0 ||
+		 fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+		rc = -errno;
+	else if (!(rc = eng_listen_add(s, fd)) && shared)
+		s->lshared = 1;
+	eng_leave(s);
+	return rc;
+}
+
+int rsk_listen_fds(rsk_sock *s, int *fds, int n)
+{
+	int rc, i;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind != K_LISTEN) {
+		rc = -EINVAL;
+	} else {
+		for (i = 0; i < s->nlfd && i < n; i++)
+			fds[i] = s->lfd[i];
+		rc = s->nlfd;
+		s->lshared = 1; /* another process may accept from them now */
 	}
-	s->lfd[s->nlfd++] = fd;
-	eng_become_listener(s);
-out:
 	eng_leave(s);
 	return rc;
 }
@@ -2201,7 +2253,8 @@ int rsk_listen_fd(rsk_sock *s, int fd)
 		rc = -EINVAL;
 	else if (s->xfd >= 0)
 		rc = -EBUSY;
-	else if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+	else if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 &&
+		 errno != EEXIST) /* as in eng_listen_add */
 		rc = -errno;
 	else
 		s->xfd = fd;
@@ -2358,15 +2411,30 @@ static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp,
 
 /* Milliseconds to sleep in accept: until the deadline or the first
  * parked client's expiry. */
+/* Do other processes accept from s's listening fds (handed over, or held
+ * since a fork)?  Then close cannot shut them down to wake an accept. */
+static int eng_listen_shared(const rsk_sock *s)
+{
+	return s->lshared || s->fork_gen != eng_fork_gen ||
+	       s->fork_pgen != eng_fork_pgen;
+}
+
+/* how long a blocked accept on a shared listener sleeps before it looks
+ * whether the listener was closed meanwhile */
+#define ACCEPT_SHARED_WAIT_MS 200
+
 static int eng_accept_wait_ms(const rsk_sock *s, int64_t deadline)
 {
 	int64_t until = deadline;
-	int i;
+	int i, ms;
 
 	for (i = 0; i < s->npend; i++)
 		if (until < 0 || s->pend[i].until < until)
 			until = s->pend[i].until;
-	return eng_ms_left(until);
+	ms = eng_ms_left(until);
+	if (eng_listen_shared(s) && (ms < 0 || ms > ACCEPT_SHARED_WAIT_MS))
+		ms = ACCEPT_SHARED_WAIT_MS;
+	return ms;
 }
 
 int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
@@ -2650,8 +2718,10 @@ int rsk_close(rsk_sock *s)
 		eng_release(s);
 	} else if (s->kind == K_CONN && s->qp && !eng_forked(s)) {
 		s->ops->kick(s->qp); /* wake the thread in epoll_wait */
-	} else if (s->kind == K_LISTEN) {
-		/* wake accept: shutting the listeners down makes them readable */
+	} else if (s->kind == K_LISTEN && !eng_listen_shared(s)) {
+		/* wake accept: shutting the listeners down makes them readable
+		 * (not those other processes may accept from too; accept's wait
+		 * there is bounded: eng_accept_wait_ms) */
 		int i;
 
 		for (i = 0; i < s->nlfd; i++)

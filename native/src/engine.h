@@ -129,6 +129,8 @@ struct rsk_sock {
 	/* listener */
 	int lfd[RSK_MAX_NAMES];
 	int nlfd;
+	int lshared; /* lfd shared with other processes (rsk_listen_fds,
+		      * rsk_listen_adopt): never shut down on close */
 	int xfd; /* rsk_listen_fd: not owned, -1 if none */
 	struct cmv_listener *vl; /* rsk_listen_verbs: rdma_cm listener */
 	struct eng_pend *pend; /* RSK_MAX_PEND, allocated by rsk_listen */
@@ -240,6 +242,8 @@ struct cm_result {
 
 /* cm_local.c */
 int cm_listen_fd(const char *name, size_t namelen, int backlog);
+int cm_bind_fd(const char *name, size_t namelen);
+int cm_is_rendezvous(int fd);
 /* Takes a client off a listening fd: its fd (non-blocking), -EAGAIN if
  * none, another -errno if that client was refused (uid) or failed. */
 int cm_accept_conn(int lfd, char *detail, size_t dlen);

@@ -787,6 +787,62 @@ static void t_listen_external_fd(void)
 	close(xl);
 }
 
+/* A rendezvous bound ahead of listen() refuses until someone listens; two
+ * endpoints that adopt the same fd (as two processes that inherited it
+ * would) serve one queue; any other kind of fd is refused; closing one
+ * listener leaves the other serving. */
+static void t_listen_shared(void)
+{
+	struct rsk_addr x = { .family = AF_INET };
+	rsk_sock *l1, *l2, *c, *a, *b;
+	int fd, fd2, p[2], fds[4];
+	pthread_t t;
+
+	fd = rsk_rendezvous_bind("rsock-ctest/shared", 18);
+	CHECK(fd >= 0);
+	CHECK_EQ(rsk_rendezvous_bind("rsock-ctest/shared", 18), -EADDRINUSE);
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/shared", 18, &x, &x, 1000),
+		 -ECONNREFUSED);
+	rsk_free(c);
+	fd2 = dup(fd);
+	CHECK_EQ(rsk_socket(&l1), 0);
+	CHECK_EQ(rsk_socket(&l2), 0);
+	CHECK_EQ(pipe(p), 0);
+	CHECK_EQ(rsk_listen_adopt(l1, p[0], 4, 1), -ENOTSOCK);
+	close(p[0]);
+	close(p[1]);
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, p), 0);
+	CHECK_EQ(rsk_listen_adopt(l1, p[0], 4, 1), -EINVAL);
+	close(p[0]);
+	close(p[1]);
+	CHECK_EQ(rsk_listen_fds(l1, fds, 4), -EINVAL); /* not listening */
+	CHECK_EQ(rsk_listen_adopt(l1, fd, 4, 1), 0);
+	CHECK_EQ(rsk_listen_adopt(l2, fd2, 4, 1), 0);
+	CHECK_EQ(rsk_listen_fds(l1, fds, 4), 1);
+	CHECK_EQ(fds[0], fd);
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/shared", 18, &x, &x, 1000), 0);
+	CHECK_EQ(rsk_accept(l2, 1000, &a, NULL, NULL), 0);
+	CHECK_EQ(rsk_accept(l1, 0, &b, NULL, NULL), -EAGAIN);
+	CHECK(b == NULL);
+	rsk_free(a);
+	rsk_free(c);
+	rsk_free(l2);
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/shared", 18, &x, &x, 1000), 0);
+	CHECK_EQ(rsk_accept(l1, 1000, &a, NULL, NULL), 0);
+	CHECK_EQ(rsk_send(c, "ok", 2, 0, 0), 2);
+	rsk_free(a);
+	rsk_free(c);
+	/* close wakes an accept blocked on a shared listener (bounded wait,
+	 * the listening fd is not shut down under the other holders) */
+	pthread_create(&t, NULL, closer, l1);
+	CHECK_EQ(rsk_accept(l1, 5000, &a, NULL, NULL), -EBADF);
+	pthread_join(t, NULL);
+	rsk_free(l1);
+}
+
 static void t_refused(void)
 {
 	struct rsk_addr x = { .family = AF_INET };
@@ -805,6 +861,7 @@ int main(void)
 	RUN(t_connect_before_accept);
 	RUN(t_garbage_client);
 	RUN(t_listen_external_fd);
+	RUN(t_listen_shared);
 	RUN(t_credit_exhaustion);
 	RUN(t_space_threshold);
 	RUN(t_threshold_sizes);
