@@ -470,17 +470,60 @@ def _wraps(original: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return functools.wraps(original, assigned=("__name__", "__qualname__", "__doc__"))
 
 
+# What the loops' own TCP code uses that a test may replace with a double:
+# the modules' ``socket`` and the loop's reader/writer, connect/accept and
+# transport-making methods (set on the instance).  (A replaced
+# ``getaddrinfo`` is no reason: rsock.asyncio resolves through the loop's,
+# so the double answers it too.)
+_LOOP_MODULES = ("asyncio.base_events", "asyncio.selector_events")
+_LOOP_IO = frozenset(
+    {
+        "_add_reader",
+        "_add_writer",
+        "add_reader",
+        "add_writer",
+        "_remove_reader",
+        "_remove_writer",
+        "remove_reader",
+        "remove_writer",
+        "sock_connect",
+        "sock_accept",
+        "_make_socket_transport",
+        "_make_ssl_transport",
+        "_start_serving",
+    }
+)
+
+
+def _doubled(loop: Any) -> bool:
+    """Has code replaced what the loop's own TCP code uses: its module's
+    ``socket`` (``mock.patch('asyncio.base_events.socket')``) or I/O methods
+    on the loop object?  Then the call is the loop's: the replacements were
+    made for its own code, and rsock.asyncio would go around them (and, with
+    the loop's reader callbacks replaced, wait for a wake-up that never
+    comes)."""
+    for name in _LOOP_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and module.__dict__.get("socket", _std) is not _std:
+            return True
+    own: dict[str, Any] = getattr(loop, "__dict__", None) or {}
+    return not _LOOP_IO.isdisjoint(own)
+
+
 def _routable(loop: Any) -> bool:
-    """Route this call?  Only while patched, and only on the loop's own
-    thread with the loop running (rsock.asyncio works on the running loop)."""
+    """Route this call?  Only while patched, only on the loop's own thread
+    with the loop running (rsock.asyncio works on the running loop), and not
+    when a test replaced the loop's own machinery (_doubled)."""
     if not _active:
         return False
     import asyncio
 
     try:
-        return asyncio.get_running_loop() is loop
+        if asyncio.get_running_loop() is not loop:
+            return False
     except RuntimeError:
         return False
+    return not _doubled(loop)
 
 
 def _rsock_asyncio() -> Any:
@@ -756,7 +799,13 @@ def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:
                 "again (unwrap() it first)"
             )
         if not isinstance(sock, _rs.socket):
-            return original(self, sock, *args, **kw)
+            # a proxy object of an rsock socket (it forwards fileno() and
+            # detach()): the stdlib would adopt the rsock fileno; wrap the
+            # socket it stands for, which is what detaching it hands over
+            owner = None if isinstance(sock, _Std) else _rs.owner_of(sock)
+            if owner is None:
+                return original(self, sock, *args, **kw)
+            sock = owner
 
         _note("ssl:wrap_socket")
         return _rssl.wrap_socket(self, sock, *args, **kw)

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Self, cast
 
@@ -264,6 +265,27 @@ def _release_adopter(fd: int) -> bool:
                 released = True
         frame = frame.f_back
     return released
+
+
+# open rsock sockets by fileno() (a dup shares its original's): which rsock
+# socket a proxy object stands for (owner_of)
+_live: weakref.WeakValueDictionary[int, socket] = weakref.WeakValueDictionary()
+
+
+def owner_of(obj: Any) -> socket | None:
+    """The open rsock socket whose ``fileno()`` ``obj.fileno()`` returns
+    (obj being a proxy of it: an object that forwards to a socket), or None."""
+    try:
+        fd = obj.fileno()
+    except Exception:
+        return None
+    if not isinstance(fd, int):
+        return None
+    sock = _live.get(fd)
+    h = sock._h if sock is not None else None
+    if h is None or _ll.fileno(h) != fd:
+        return None
+    return sock
 
 
 def _ebadf() -> OSError:
@@ -588,6 +610,7 @@ class socket:
         self._core = _Core(h, tcp)
         self._core.ring_set = bool(os.environ.get("RSOCK_RING_SIZE"))
         self._h = h
+        _live[_ll.fileno(h)] = self
         rc = _ll.set_opts(h, opts)
         if rc < 0:
             self.close()
@@ -602,6 +625,7 @@ class socket:
         self._timeout = _std.getdefaulttimeout()
         self._core = core
         self._h = h
+        _live[_ll.fileno(h)] = self
 
     @classmethod
     def _accepted(
@@ -1743,12 +1767,18 @@ class socket:
                 raise TimeoutError("timed out")
 
     def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
-        """``socket.sendfile``: reads the file in chunks and sends them (there
-        is no kernel socket for ``os.sendfile``).  Offsets and the final file
-        position are the stdlib's: a regular file is read from ``offset``
-        (absolute, as ``os.sendfile`` does) and left at ``offset`` + bytes
-        sent; any other binary file object as in the stdlib's ``send()``
-        fallback.  Non-blocking sockets raise ``ValueError``."""
+        """``socket.sendfile``: a regular file is read with ``os.preadv`` from
+        ``offset`` (absolute, as ``os.sendfile`` reads) into one reused buffer
+        and sent (there is no kernel socket for ``os.sendfile``); any other
+        binary file object goes through ``send()`` as in the stdlib's
+        fallback.  Offsets and the final file position are the stdlib's;
+        non-blocking sockets raise ``ValueError``."""
+        try:
+            return self._sendfile_use_sendfile(file, offset, count)
+        except _std._GiveupOnSendfile:  # type: ignore[attr-defined]
+            return self._sendfile_use_send(file, offset, count)
+
+    def _check_sendfile_params(self, file: Any, offset: int, count: int | None) -> None:
         if "b" not in getattr(file, "mode", "b"):
             raise ValueError("file should be opened in binary mode")
         if count is not None:
@@ -1756,18 +1786,61 @@ class socket:
                 raise TypeError(f"count must be a positive integer (got {count!r})")
             if count <= 0:
                 raise ValueError(f"count must be a positive integer (got {count!r})")
+
+    def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        """The stdlib's ``os.sendfile`` path, for a regular file: raises
+        ``socket._GiveupOnSendfile`` for anything else, as the stdlib does."""
+        self._check_sendfile_params(file, offset, count)
         self._handle()
-        regular, size = False, 0
         try:
-            st = os.fstat(file.fileno())
-            regular, size = stat.S_ISREG(st.st_mode), st.st_size
-        except (AttributeError, OSError, io.UnsupportedOperation):
-            pass
-        if regular and not size:
-            return 0  # as os.sendfile's path does, before anything else
+            fileno = file.fileno()
+        except (AttributeError, io.UnsupportedOperation) as err:
+            raise _std._GiveupOnSendfile(err) from None  # type: ignore[attr-defined]
+        try:
+            st = os.fstat(fileno)
+        except OSError as err:
+            raise _std._GiveupOnSendfile(err) from None  # type: ignore[attr-defined]
+        if not st.st_size:
+            return 0  # an empty file, before anything else
         if self._timeout == 0.0:
             raise ValueError("non-blocking sockets are not supported")
-        if regular or offset:
+        if not stat.S_ISREG(st.st_mode):
+            raise _std._GiveupOnSendfile("not a regular file")  # type: ignore[attr-defined]
+        chunk = bytearray(min(count, _SENDFILE_BLOCK) if count else _SENDFILE_BLOCK)
+        view = memoryview(chunk)
+        total = 0
+        try:
+            while True:
+                block = len(chunk)
+                if count:
+                    block = min(count - total, block)
+                    if block <= 0:
+                        break
+                n = os.preadv(fileno, [view[:block]], offset + total)
+                if not n:
+                    break  # EOF
+                data = view[:n]
+                while data:
+                    try:
+                        sent = self.send(data)
+                    except BlockingIOError:
+                        continue
+                    total += sent
+                    data = data[sent:]
+            return total
+        finally:
+            view.release()
+            if total > 0 and hasattr(file, "seek"):
+                file.seek(offset + total)
+
+    def _sendfile_use_send(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        """The stdlib's ``send()`` path: reads the file object from
+        ``offset`` (seeking only when one is given) and sends each chunk."""
+        self._check_sendfile_params(file, offset, count)
+        self._handle()
+        if self._timeout == 0.0:
+            raise ValueError("non-blocking sockets are not supported")
+        if offset:
             file.seek(offset)
         block = min(count, _SENDFILE_BLOCK) if count else _SENDFILE_BLOCK
         readinto: Any = getattr(file, "readinto", None)
@@ -1943,6 +2016,7 @@ for _name in (
     "bind", "connect", "connect_ex", "getsockname", "getpeername", "setsockopt",
     "getsockopt", "send", "sendall", "sendto", "sendmsg", "recv", "recv_into",
     "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into", "shutdown", "sendfile",
+    "_sendfile_use_sendfile", "_sendfile_use_send",
     "get_inheritable", "set_inheritable",
 ):
     setattr(_TcpSocket, _name, _delegate(_name))

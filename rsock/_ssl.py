@@ -105,6 +105,20 @@ def wrap_socket(
     )
 
 
+
+class _SSLObject(ssl.SSLObject):
+    """``ssl.SSLObject`` with ``get_verified_chain()`` and
+    ``get_unverified_chain()`` (public from Python 3.13; before, the
+    stdlib's SSLSocket offers them on its private C object, ``_sslobj``,
+    which here is this object)."""
+
+    def get_verified_chain(self) -> list[Any]:
+        return list(self._sslobj.get_verified_chain())  # type: ignore[attr-defined]
+
+    def get_unverified_chain(self) -> list[Any]:
+        return list(self._sslobj.get_unverified_chain())  # type: ignore[attr-defined]
+
+
 class SSLSocket:
     """A TLS connection over an rsock socket with the API of ``ssl.SSLSocket``.
 
@@ -250,6 +264,8 @@ class SSLSocket:
             server_hostname=self.server_hostname,
             session=self._session,
         )
+        if type(obj) is ssl.SSLObject and not hasattr(obj, "get_verified_chain"):
+            obj.__class__ = _SSLObject  # the chain methods of Python 3.13
         # callbacks (sni_callback, msg_callback) get this object, as the
         # stdlib's get its SSLSocket (CPython keeps the owner in the C object)
         inner = getattr(obj, "_sslobj", None)

@@ -767,9 +767,12 @@ async def create_server(
             hosts = list(host)
         infos: list[Any] = []
         for h in hosts:
-            infos += await loop.getaddrinfo(
+            found = await loop.getaddrinfo(
                 h, port, family=family, type=_std.SOCK_STREAM, flags=flags
             )
+            if not found:  # the loops' check and message
+                raise OSError(f"getaddrinfo({h!r}) returned empty list")
+            infos += found
         seen: set[Any] = set()
         sockets = []
         try:
@@ -843,6 +846,26 @@ async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address:
     sock.connect(address)  # 0 once done, as TCP's second connect
 
 
+def _bind_local(s: socket, family: int, linfos: list[Any]) -> None:
+    """Bind s to the first local address of its family, with the loops'
+    errors: the address named in a failed bind's message, and an error when
+    no local address has the family."""
+    errors: list[OSError] = []
+    for lfamily, _t, _p, _c, laddr in linfos:
+        if lfamily != family:
+            continue  # a local address of another family: skipped
+        try:
+            s.bind(laddr)
+            return
+        except OSError as exc:
+            strerror = (exc.strerror or str(exc)).lower()
+            msg = f"error while attempting to bind on address {laddr!r}: {strerror}"
+            errors.append(OSError(exc.errno, msg))
+    if errors:
+        raise errors.pop()
+    raise OSError(f"no matching local address with family={family} found")
+
+
 async def create_connection(
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     host: str | None = None,
@@ -867,7 +890,7 @@ async def create_connection(
     if ctx is None and server_hostname is not None:
         raise ValueError("server_hostname is only meaningful with ssl")
     if ctx is not None and server_hostname is None:
-        if host is None:
+        if not host:  # None or "", as the loops check
             raise ValueError("You must set server_hostname when using ssl without a host")
         server_hostname = host
     kw.pop("happy_eyeballs_delay", None)
@@ -884,21 +907,23 @@ async def create_connection(
         )
         if not infos:
             raise OSError("getaddrinfo() returned empty list")
+        linfos = None
+        if local_addr is not None:
+            # resolved once, as the loops do (a host of None: getaddrinfo's
+            # answer, the loopback address)
+            linfos = await loop.getaddrinfo(
+                *local_addr, family=family, type=_std.SOCK_STREAM, proto=proto, flags=flags
+            )
+            if not linfos:
+                raise OSError("getaddrinfo() returned empty list")
         errors: list[OSError] = []
         for af, _t, pr, _c, sa in infos:
             if int(af) not in (_std.AF_INET, _std.AF_INET6):
                 continue
             s = socket(af, _std.SOCK_STREAM, pr)
             try:
-                if local_addr is not None:
-                    # resolved as the loops do (a host of None: getaddrinfo's
-                    # answer, the loopback address)
-                    linfos = await loop.getaddrinfo(
-                        *local_addr, family=af, type=_std.SOCK_STREAM, proto=pr, flags=flags
-                    )
-                    if not linfos:
-                        raise OSError("getaddrinfo() returned empty list")
-                    s.bind(linfos[0][4])
+                if linfos is not None:
+                    _bind_local(s, af, linfos)
                 await connect_socket(loop, s, sa)
             except OSError as exc:
                 s.close()
