@@ -1,13 +1,20 @@
 """``make test-cpython``: CPython's own networking tests under rsock, against a
 stdlib run of the same tests in the same job.
 
-    python tests/cpython/compare.py STDLIB.xml RSOCK.xml tests/cpython/expected.txt
+    python tests/cpython/compare.py STDLIB.xml RSOCK.xml tests/cpython/expected.txt \
+        [--rerun RERUN.xml] [--write-rerun DIR]
 
 Reads the two ``python -m test --junit-xml`` reports, prints a table per module
 (stdlib passes, rsock passes, listed differences, unexpected regressions) and
 exits 1 if a test that passes on the stdlib fails or errors under rsock without
 being listed in the expected file (one test id per line, then ``#`` and the
-README difference it comes from)."""
+README difference it comes from).
+
+A test that fails under rsock when the whole set runs (two at a time) may pass
+alone: ``--write-rerun DIR`` writes the unexpected failures as a regrtest
+``--matchfile`` (``DIR/rerun.match``) and their modules (``DIR/rerun.modules``),
+and ``--rerun RERUN.xml`` (the report of running them again, alone) lets a test
+that passes there count, printed as FLAKY so that it stays visible."""
 
 from __future__ import annotations
 
@@ -48,13 +55,28 @@ def module_of(test: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    std, rs, listed = outcomes(argv[1]), outcomes(argv[2]), expected(argv[3])
+    args = list(argv[1:])
+    rerun_xml = write_dir = None
+    if "--rerun" in args:
+        i = args.index("--rerun")
+        rerun_xml = args[i + 1]
+        del args[i : i + 2]
+    if "--write-rerun" in args:
+        i = args.index("--write-rerun")
+        write_dir = args[i + 1]
+        del args[i : i + 2]
+    std, rs, listed = outcomes(args[0]), outcomes(args[1]), expected(args[2])
+    again = outcomes(rerun_xml) if rerun_xml else {}
     rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     unexpected: list[str] = []
+    flaky: list[str] = []
     for test, result in std.items():
         row = rows[module_of(test)]
         row[0] += result == "pass"
         got = rs.get(test, "missing")
+        if result == "pass" and got != "pass" and again.get(test) == "pass":
+            flaky.append(test)
+            got = "pass"
         row[1] += got == "pass"
         if result == "pass" and got != "pass" and got != "skip":
             if test in listed:
@@ -71,8 +93,16 @@ def main(argv: list[str]) -> int:
     stale = [t for t in listed if std.get(t) == "pass" and rs.get(t) == "pass"]
     for t in stale:
         print(f"listed but passes now (remove it): {t}")
+    for t in flaky:
+        print(f"FLAKY (failed in the full run, passed alone): {t}")
     for t in unexpected:
         print(f"UNEXPECTED REGRESSION: {t}")
+    if write_dir is not None:
+        with open(f"{write_dir}/rerun.match", "w", encoding="utf-8") as f:
+            f.writelines(f"{t}\n" for t in unexpected)
+        modules = sorted({module_of(t) for t in unexpected})
+        with open(f"{write_dir}/rerun.modules", "w", encoding="utf-8") as f:
+            f.write(" ".join(modules) + "\n")
     return 1 if unexpected else 0
 
 
