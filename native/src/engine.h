@@ -284,6 +284,23 @@ int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 		     const struct rsk_addr *dst, int flags, int timeout_ms,
 		     struct cm_result *res, char *detail, size_t dlen);
 
+/* engine.c, for listener.c (lock order and rules: engine.c) */
+/* Enter an API call on s: its lock, -EBADF if closed, counted as a user. */
+int eng_enter(rsk_sock *s);
+/* Leave it: fileno() brought up to date, the lock released. */
+void eng_leave(rsk_sock *s);
+void eng_set_detail(rsk_sock *s, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* After a refused connect: a live fileno() again (0 or -errno). */
+int eng_fd_renew(rsk_sock *s);
+/* s (fresh) takes over the connection in *res. */
+int eng_attach(rsk_sock *s, struct cm_result *res);
+/* Was s made (or connected) before a fork, in this process's view? */
+int eng_crossed_fork(const rsk_sock *s);
+
+/* listener.c, for engine.c's close */
+int eng_listen_shared(const rsk_sock *s);
+
 /* time helpers */
 int64_t eng_now_ns(void);
 int64_t eng_deadline(int timeout_ms);
