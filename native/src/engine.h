@@ -6,6 +6,7 @@
 #define RSK_ENGINE_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 
 #include "prov.h"
@@ -284,7 +285,7 @@ int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 		     const struct rsk_addr *dst, int flags, int timeout_ms,
 		     struct cm_result *res, char *detail, size_t dlen);
 
-/* engine.c, for listener.c (lock order and rules: engine.c) */
+/* engine.c, for listener.c and readiness.c (s->lock: see struct rsk_sock) */
 /* Enter an API call on s: its lock, -EBADF if closed, counted as a user. */
 int eng_enter(rsk_sock *s);
 /* Leave it: fileno() brought up to date, the lock released. */
@@ -298,8 +299,42 @@ int eng_attach(rsk_sock *s, struct cm_result *res);
 /* Was s made (or connected) before a fork, in this process's view? */
 int eng_crossed_fork(const rsk_sock *s);
 
+/* Signals blocked in the calling thread (*old: the mask before). */
+void eng_sig_block_all(sigset_t *old);
+/* Has this connection crossed a fork?  Is it this process's (claimed)?
+ * Has nobody used it since the fork? */
+int eng_forked(const rsk_sock *s);
+int eng_owned(rsk_sock *s);
+int eng_unclaimed(rsk_sock *s);
+/* Message credits we hold; rsockets: bytes the peer's ring can take. */
+uint32_t eng_credits(const rsk_sock *s);
+uint32_t rs_send_room(const rsk_sock *s);
+/* Take in completions and control messages (s->lock held). */
+int eng_progress(rsk_sock *s);
+/* The liveness fd fired: look whether the peer is gone. */
+int eng_poll_live(rsk_sock *s);
+/* Wake the threads that sleep on s. */
+void eng_wake(rsk_sock *s);
+
 /* listener.c, for engine.c's close */
 int eng_listen_shared(const rsk_sock *s);
+
+/* readiness.c: fileno() and the watcher thread (s->lock held, except the
+ * fork hooks) */
+int eng_readable(const rsk_sock *s);
+int eng_writable(const rsk_sock *s);
+int eng_fd_ready(const rsk_sock *s);
+void eng_fd_init(rsk_sock *s);
+void eng_fd_token(rsk_sock *s);
+void eng_sync_pair(rsk_sock *s);
+void eng_sync_fd(rsk_sock *s);
+int eng_want_wake(const rsk_sock *s);
+int eng_watch_add(rsk_sock *s);
+void eng_watch_del(rsk_sock *s);
+void eng_watch_forget(rsk_sock *s);
+void eng_watch_prefork(void);
+void eng_watch_parent(void);
+void eng_watch_child(void);
 
 /* time helpers */
 int64_t eng_now_ns(void);

@@ -1,0 +1,415 @@
+// SPDX-License-Identifier: MIT
+/*
+ * readiness.c - what makes fileno() exact: a connection's pollable fd (one
+ * end of a socketpair, readable and writable as the engine's state says),
+ * brought up to date at the end of every call (eng_sync_fd) and, between
+ * calls, by a watcher thread (one per process) that wakes on the notify and
+ * liveness fds of the connections someone polls.
+ *
+ * Rule: every function here runs under the socket's lock, except the fork
+ * hooks and the watcher's own loop, which takes it per event.  Lock order
+ * (below, at eng_w): a socket's lock, then the watcher table's eng_w.lock.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "ring.h"
+
+/* ----------------------------------------------------------- readiness */
+
+int eng_readable(const rsk_sock *s)
+{
+	if (s->kind != K_CONN)
+		return 0;
+	return s->r_tail != s->r_head ||
+	       (s->flags & (F_PEER_FIN | F_PEER_GONE | F_DEAD | F_RD_SHUT));
+}
+
+int eng_writable(const rsk_sock *s)
+{
+	if (s->kind != K_CONN)
+		return 0;
+	if (s->flags & (F_DEAD | F_PEER_GONE | F_WR_SHUT))
+		return 1; /* a send would not block: it fails */
+	if (s->rs)
+		return rs_send_room(s) > 0;
+	return ring_space(s->s_acked, s->s_tail, s->peer_rsize) > 0 &&
+	       eng_credits(s) > CREDIT_RESERVE;
+}
+
+/* What watch mode shows as readability of the fd. */
+int eng_fd_ready(const rsk_sock *s)
+{
+	return ((s->interest & RSK_POLLIN) && eng_readable(s)) ||
+	       ((s->interest & RSK_POLLOUT) && eng_writable(s)) ||
+	       (s->flags & (F_DEAD | F_PEER_GONE));
+}
+
+/* ------------------------------------------------------- fd readiness */
+
+/*
+ * fileno() of a connection is fa, one end of a socketpair; only this
+ * struct holds the other end, fb.  fa polls readable while a token byte
+ * we wrote into fb sits in it, and writable while its send buffer has
+ * room (which we shrink while a send would block: below).  eng_sync_pair
+ * sets both from the engine's state at the end of every call; between
+ * calls a watcher thread
+ * (one per process, started with the first connection that needs it)
+ * wakes on the connection's notify and liveness fds, edge-triggered,
+ * takes in what happened and does the same.  Nothing polls: the engine is
+ * armed only while fa is not both readable and writable, so the thread
+ * sleeps until the peer sends data or returns credit, or vanishes.
+ *
+ * A listener needs no thread: its fa becomes a second fd of epfd (which
+ * holds the listening fds), readable while a connection is pending and
+ * never writable, like a TCP listener.
+ */
+
+/*
+ * Writability without writing: fa sends EN_FILLER bytes once, which stay
+ * queued at fb, charged to fa's send buffer; fa then polls writable with
+ * a large SO_SNDBUF and not with the smallest one (the kernel's test is
+ * 4 x charged <= sndbuf), and raising it wakes pollers.  fb then shuts its
+ * receive side, so a write into fa by the application (os.write,
+ * os.sendfile) fails with EPIPE instead of losing bytes.
+ */
+#define EN_FILLER 2048
+#define EN_SNDBUF_OPEN 65536 /* the kernel doubles it */
+#define EN_SNDBUF_SHUT 1     /* raised to its minimum (4608) */
+
+static int eng_fd_sndbuf(rsk_sock *s, int v)
+{
+	return setsockopt(s->fa, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+}
+
+void eng_fd_init(rsk_sock *s)
+{
+	static const char filler[EN_FILLER];
+
+	eng_fd_sndbuf(s, EN_SNDBUF_OPEN);
+	send(s->fa, filler, sizeof(filler), MSG_DONTWAIT | MSG_NOSIGNAL);
+	shutdown(s->fb, SHUT_RD);
+}
+
+/* fa polls readable: a token byte in fb (once) */
+void eng_fd_token(rsk_sock *s)
+{
+	if (s->fb >= 0 && !s->tok &&
+	    send(s->fb, "r", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
+		s->tok = 1;
+}
+
+/* fa polls writable or not */
+static void eng_fd_writable(rsk_sock *s, int w)
+{
+	if (s->fb >= 0 && w == s->filled &&
+	    !eng_fd_sndbuf(s, w ? EN_SNDBUF_OPEN : EN_SNDBUF_SHUT))
+		s->filled = !w;
+}
+
+void eng_sync_pair(rsk_sock *s)
+{
+	int r = eng_readable(s), w = eng_writable(s);
+
+	if (s->fb < 0)
+		return; /* reset: fa is final (below) */
+	if ((s->flags & F_DEAD) && s->err) {
+		/* A reset: fa shows it as a reset TCP socket does, POLLERR and
+		 * POLLHUP besides POLLIN and POLLOUT, for good.  Closing fb with
+		 * the filler still queued in it gives fa ECONNRESET as its
+		 * pending error (nobody reads fa's, so it stays) and hangs it up,
+		 * and frees the filler, so fa polls writable.  (A copy of fb
+		 * that a fork left in another process keeps fa as it is.) */
+		close(s->fb);
+		s->fb = -1;
+		return;
+	}
+	if (r && !s->tok) {
+		eng_fd_token(s);
+	} else if (!r && s->tok) {
+		char b[64];
+
+		while (recv(s->fa, b, sizeof(b), MSG_DONTWAIT) > 0)
+			;
+		s->tok = 0;
+	}
+	eng_fd_writable(s, w);
+}
+
+/* The watcher: its epoll and a table of watched connections.  epoll data
+ * is (generation << 32 | slot << 1 | is_liveness_fd), so an event that
+ * was already fetched for a connection since gone is recognised.
+ * Lock order: a socket's lock, then eng_w.lock; the thread never holds
+ * eng_w.lock while it takes a socket's lock (`busy` keeps rsk_free from
+ * freeing the socket it works on meanwhile). */
+struct eng_wslot {
+	rsk_sock *s;
+	uint32_t gen;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int epfd; /* -1: no watcher in this process (yet) */
+	struct eng_wslot *slot;
+	uint32_t cap;
+	rsk_sock *busy;
+} eng_w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, -1, NULL,
+	    0, NULL };
+
+void eng_sync_fd(rsk_sock *s);
+
+/* One event for s (s->lock held). */
+static void eng_watch_event(rsk_sock *s, int live)
+{
+	if (s->closed || s->released || s->kind != K_CONN ||
+	    !(s->watch & RSK_WATCH_FD))
+		return;
+	if (eng_forked(s) && !eng_owned(s)) {
+		/* Not ours (yet): the watcher never claims one, so the child
+		 * of an accept-then-fork server still can.  But while nobody
+		 * has claimed it since the fork, it is this process's to take:
+		 * fa turns readable ("come and look", without driving it), or
+		 * the edge would be lost and a parent that polls it would
+		 * never wake (its first call then claims it and reads). */
+		if (eng_unclaimed(s) && (live || s->ops->cq_pending(s->qp)))
+			eng_fd_token(s);
+		return;
+	}
+	eng_progress(s);
+	if (live)
+		eng_poll_live(s);
+	/* consume the notification, unless it is RSK_WATCH_NOTIFY's kick
+	 * that must stay (or a sleeper in eng_wait owns the notify fd) */
+	if (!s->fd_waiter &&
+	    !(s->kicked && (s->watch & RSK_WATCH_NOTIFY) && eng_fd_ready(s))) {
+		s->ops->ack(s->qp);
+		s->kicked = 0;
+	}
+	eng_sync_fd(s);
+	eng_wake(s);
+}
+
+static void *eng_watcher(void *arg)
+{
+	struct epoll_event ev[64];
+	int epfd = (int)(intptr_t)arg, n, i;
+	sigset_t all;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	for (;;) {
+		n = epoll_wait(epfd, ev, 64, -1);
+		if (n < 0 && errno != EINTR)
+			return NULL; /* the epoll is gone (fork child) */
+		for (i = 0; i < n; i++) {
+			uint64_t d = ev[i].data.u64;
+			uint32_t idx = (uint32_t)d >> 1;
+			rsk_sock *s = NULL;
+
+			pthread_mutex_lock(&eng_w.lock);
+			if (eng_w.epfd == epfd && idx < eng_w.cap &&
+			    eng_w.slot[idx].gen == (uint32_t)(d >> 32))
+				s = eng_w.slot[idx].s;
+			eng_w.busy = s;
+			pthread_mutex_unlock(&eng_w.lock);
+			if (!s)
+				continue;
+			pthread_mutex_lock(&s->lock);
+			eng_watch_event(s, (int)(d & 1));
+			pthread_mutex_unlock(&s->lock);
+			pthread_mutex_lock(&eng_w.lock);
+			eng_w.busy = NULL;
+			pthread_cond_broadcast(&eng_w.cond);
+			pthread_mutex_unlock(&eng_w.lock);
+		}
+	}
+}
+
+static int eng_watch_fd(int op, int fd, uint32_t events, uint64_t data)
+{
+	struct epoll_event ev = { .events = events, .data.u64 = data };
+
+	return fd < 0 || epoll_ctl(eng_w.epfd, op, fd, &ev) == 0 ? 0 : -errno;
+}
+
+/* Registers s with the watcher (s->lock held); starts it if needed. */
+int eng_watch_add(rsk_sock *s)
+{
+	uint32_t i;
+	uint64_t d;
+	int rc = 0;
+
+	pthread_mutex_lock(&eng_w.lock);
+	if (eng_w.epfd < 0) {
+		pthread_t t;
+		pthread_attr_t a;
+		sigset_t sigs;
+
+		eng_w.epfd = epoll_create1(EPOLL_CLOEXEC);
+		if (eng_w.epfd < 0) {
+			rc = -errno;
+			goto out;
+		}
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		pthread_attr_setstacksize(&a, 256 * 1024);
+		/* the thread blocks every asynchronous signal (it inherits the
+		 * mask), so that a process's signals go to threads that run
+		 * the program's handlers */
+		eng_sig_block_all(&sigs);
+		rc = -pthread_create(&t, &a, eng_watcher,
+				     (void *)(intptr_t)eng_w.epfd);
+		pthread_sigmask(SIG_SETMASK, &sigs, NULL);
+		pthread_attr_destroy(&a);
+		if (rc) {
+			close(eng_w.epfd);
+			eng_w.epfd = -1;
+			goto out;
+		}
+		pthread_setname_np(t, "rsock-watch");
+	}
+	for (i = 0; i < eng_w.cap && eng_w.slot[i].s; i++)
+		;
+	if (i == eng_w.cap) {
+		uint32_t cap = eng_w.cap ? eng_w.cap * 2 : 64;
+		struct eng_wslot *n = realloc(eng_w.slot, cap * sizeof(*n));
+
+		if (!n) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		memset(n + eng_w.cap, 0, (cap - eng_w.cap) * sizeof(*n));
+		eng_w.slot = n;
+		eng_w.cap = cap;
+	}
+	d = (uint64_t)eng_w.slot[i].gen << 32 | (uint64_t)i << 1;
+	rc = eng_watch_fd(EPOLL_CTL_ADD, s->ops->notify_fd(s->qp),
+			  EPOLLIN | EPOLLET, d);
+	if (!rc && !(s->flags & F_PEER_GONE))
+		rc = eng_watch_fd(EPOLL_CTL_ADD, s->live_fd,
+				  EPOLLIN | EPOLLRDHUP | EPOLLET, d | 1);
+	if (rc) {
+		eng_watch_fd(EPOLL_CTL_DEL, s->ops->notify_fd(s->qp), 0, 0);
+		goto out;
+	}
+	eng_w.slot[i].s = s;
+	s->wslot = (int)i;
+out:
+	pthread_mutex_unlock(&eng_w.lock);
+	return rc;
+}
+
+/* Unregisters s (s->lock held, before its fds close). */
+void eng_watch_del(rsk_sock *s)
+{
+	if (s->wslot < 0)
+		return;
+	pthread_mutex_lock(&eng_w.lock);
+	if (eng_w.epfd >= 0) {
+		eng_watch_fd(EPOLL_CTL_DEL, s->ops->notify_fd(s->qp), 0, 0);
+		eng_watch_fd(EPOLL_CTL_DEL, s->live_fd, 0, 0);
+	}
+	eng_w.slot[s->wslot].s = NULL;
+	eng_w.slot[s->wslot].gen++;
+	s->wslot = -1;
+	pthread_mutex_unlock(&eng_w.lock);
+}
+
+/* rsk_free: wait until the watcher is done with s. */
+void eng_watch_forget(rsk_sock *s)
+{
+	pthread_mutex_lock(&eng_w.lock);
+	while (eng_w.busy == s)
+		pthread_cond_wait(&eng_w.cond, &eng_w.lock);
+	pthread_mutex_unlock(&eng_w.lock);
+}
+
+void eng_watch_prefork(void)
+{
+	pthread_mutex_lock(&eng_w.lock);
+}
+
+void eng_watch_parent(void)
+{
+	pthread_mutex_unlock(&eng_w.lock);
+}
+
+/* The child has no watcher: its connections register anew when used. */
+void eng_watch_child(void)
+{
+	uint32_t i;
+
+	for (i = 0; i < eng_w.cap; i++) {
+		if (eng_w.slot[i].s)
+			eng_w.slot[i].s->wslot = -1;
+		eng_w.slot[i].s = NULL;
+		eng_w.slot[i].gen++;
+	}
+	if (eng_w.epfd >= 0)
+		close(eng_w.epfd);
+	eng_w.epfd = -1;
+	eng_w.busy = NULL;
+	pthread_mutex_init(&eng_w.lock, NULL);
+	pthread_cond_init(&eng_w.cond, NULL);
+}
+
+/* What the engine must wake us for. */
+int eng_want_wake(const rsk_sock *s)
+{
+	if ((s->watch & RSK_WATCH_NOTIFY) && !eng_fd_ready(s))
+		return 1;
+	return (s->watch & RSK_WATCH_FD) &&
+	       !(eng_readable(s) && eng_writable(s)) &&
+	       !(s->flags & (F_DEAD | F_PEER_GONE));
+}
+
+/*
+ * Called at the end of every call and by the watcher: bring fa (for
+ * RSK_WATCH_FD) and the notify fd (for RSK_WATCH_NOTIFY: kicked exactly
+ * while eng_fd_ready) up to date, and arm if something must wake us, then
+ * re-poll (arm -> re-poll, so a completion that raced the arm is not
+ * missed).  Send space comes back through completions (credit messages),
+ * so arming also covers writability.
+ */
+void eng_sync_fd(rsk_sock *s)
+{
+	if (s->kind == K_NEW && (s->watch & RSK_WATCH_FD))
+		eng_fd_writable(s, !s->dialing);
+	if (!s->watch || s->kind != K_CONN || s->released)
+		return;
+	if ((s->watch & RSK_WATCH_FD) && s->wslot < 0 && eng_watch_add(s))
+		s->watch &= ~RSK_WATCH_FD; /* no thread: fa stays as it is */
+	for (;;) {
+		if (s->watch & RSK_WATCH_FD)
+			eng_sync_pair(s);
+		if ((s->watch & RSK_WATCH_NOTIFY) && !s->fd_waiter) {
+			if (eng_fd_ready(s)) {
+				if (!s->kicked) {
+					s->ops->kick(s->qp);
+					s->kicked = 1;
+				}
+			} else if (s->kicked || !s->ops->armed(s->qp)) {
+				s->ops->ack(s->qp);
+				s->kicked = 0;
+			}
+		}
+		if (!eng_want_wake(s) || s->fd_waiter ||
+		    s->ops->armed(s->qp))
+			return;
+		s->ops->arm(s->qp);
+		s->st.arms++;
+		if (!eng_progress(s))
+			return;
+	}
+}
