@@ -316,6 +316,21 @@ int eng_poll_live(rsk_sock *s);
 /* Wake the threads that sleep on s. */
 void eng_wake(rsk_sock *s);
 
+/* fork.c */
+/* Once per process: the atfork handlers. */
+void eng_fork_init(void);
+/* s belongs to this side of any fork from now on (lock_too: its lock
+ * too, for a new socket). */
+void eng_fork_stamp(rsk_sock *s, int lock_too);
+/* This process made the connection s: the creator, and the owner word. */
+void eng_fork_own(rsk_sock *s);
+/* s's lock, renewed first if s crossed a fork (its holder may be gone). */
+void eng_lock(rsk_sock *s);
+/* May this process use s, which crossed a fork (1), or not (0)? */
+int eng_claim(rsk_sock *s);
+/* engine.c, for fork.c's child handler: forget the parent's signal state. */
+void eng_signals_child(void);
+
 /* listener.c, for engine.c's close */
 int eng_listen_shared(const rsk_sock *s);
 
