@@ -1806,32 +1806,15 @@ class socket:
             raise ValueError("non-blocking sockets are not supported")
         if not stat.S_ISREG(st.st_mode):
             raise _std._GiveupOnSendfile("not a regular file")  # type: ignore[attr-defined]
-        chunk = bytearray(min(count, _SENDFILE_BLOCK) if count else _SENDFILE_BLOCK)
-        view = memoryview(chunk)
-        total = 0
+        view = memoryview(bytearray(min(count, _SENDFILE_BLOCK) if count else _SENDFILE_BLOCK))
+
+        def read(done: int, n: int) -> Any:
+            return view[: os.preadv(fileno, [view[:n]], offset + done)]
+
         try:
-            while True:
-                block = len(chunk)
-                if count:
-                    block = min(count - total, block)
-                    if block <= 0:
-                        break
-                n = os.preadv(fileno, [view[:block]], offset + total)
-                if not n:
-                    break  # EOF
-                data = view[:n]
-                while data:
-                    try:
-                        sent = self.send(data)
-                    except BlockingIOError:
-                        continue
-                    total += sent
-                    data = data[sent:]
-            return total
+            return self._send_from(read, len(view), count, file, offset)
         finally:
             view.release()
-            if total > 0 and hasattr(file, "seek"):
-                file.seek(offset + total)
 
     def _sendfile_use_send(self, file: Any, offset: int = 0, count: int | None = None) -> int:
         """The stdlib's ``send()`` path: reads the file object from
@@ -1844,7 +1827,21 @@ class socket:
             file.seek(offset)
         block = min(count, _SENDFILE_BLOCK) if count else _SENDFILE_BLOCK
         readinto: Any = getattr(file, "readinto", None)
-        chunk = bytearray(block) if readinto is not None else None
+        chunk = memoryview(bytearray(block)) if readinto is not None else None
+
+        def read(done: int, n: int) -> Any:
+            if chunk is None:
+                return memoryview(file.read(n))
+            return chunk[: readinto(chunk[:n]) or 0]
+
+        return self._send_from(read, block, count, file, offset)
+
+    def _send_from(
+        self, read: Callable[[int, int], Any], block: int, count: int | None, file: Any, offset: int
+    ) -> int:
+        """sendfile's loop: sends what ``read(sent so far, n)`` returns (empty
+        at EOF) until ``count`` bytes or EOF, and leaves ``file`` at
+        ``offset`` + bytes sent, as the stdlib does."""
         total = 0
         try:
             while True:
@@ -1852,11 +1849,7 @@ class socket:
                     block = min(count - total, block)
                     if block <= 0:
                         break
-                if chunk is not None:
-                    n = readinto(memoryview(chunk)[:block])
-                    data = memoryview(chunk)[: n or 0]
-                else:
-                    data = memoryview(file.read(block))
+                data = read(total, block)
                 if not data:
                     break  # EOF
                 while data:
