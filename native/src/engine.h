@@ -351,7 +351,7 @@ void eng_watch_prefork(void);
 void eng_watch_parent(void);
 void eng_watch_child(void);
 
-/* time helpers */
+/* clock.c: time helpers */
 int64_t eng_now_ns(void);
 int64_t eng_deadline(int timeout_ms);
 int eng_ms_left(int64_t deadline);
