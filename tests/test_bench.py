@@ -47,7 +47,7 @@ def test_tcp_unix_report_and_json(tmp_path: Path) -> None:
     assert doc["env"]["pin"] == "none"
 
 
-LOOPS = ["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"]
+LOOPS = ["asyncio", "uvloop"]  # uvloop is a test dependency (make test installs it)
 
 
 @pytest.mark.parametrize("loop", LOOPS)

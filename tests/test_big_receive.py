@@ -8,12 +8,11 @@ stay within a small margin of TCP's in the same process and run (they were
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 
 import pytest
 from measure_asyncio_replies import measure
 
-LOOPS = ["asyncio", "uvloop"] if importlib.util.find_spec("uvloop") else ["asyncio"]
+LOOPS = ["asyncio", "uvloop"]  # uvloop is a test dependency (make test installs it)
 MARGIN = 16  # faults per MiB allowed above TCP's (allocator noise)
 
 

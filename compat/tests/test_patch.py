@@ -3,6 +3,7 @@ stays exactly as it was."""
 
 from __future__ import annotations
 
+import importlib
 import socket
 import subprocess
 import sys
@@ -408,7 +409,7 @@ def test_asyncio_tcp_streams_under_patch(tmp_path: Path, loop: str) -> None:
     ``open_connection`` go through rsock.asyncio (the loops' own transports
     would wait for writability, which rsock's fd never reports)."""
     if loop == "uvloop":
-        pytest.importorskip("uvloop")
+        importlib.import_module("uvloop")  # a test dependency: never skipped
     out = run_patched(
         f"""
         import asyncio

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import uvloop  # a test dependency (make test installs it): never skipped
 
 import rsock
 import rsock.asyncio as rsa
 from rsock import _patch
-
-uvloop = pytest.importorskip("uvloop")
 
 T = TypeVar("T")
 STD_SOCKET = socket.socket
