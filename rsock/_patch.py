@@ -496,7 +496,9 @@ _LOOP_IO = frozenset(
 
 
 def _doubled(loop: Any) -> bool:
-    """Has code replaced what the loop's own TCP code uses: its module's
+    """For the calls in which the loop makes its own sockets
+    (create_connection, create_server; checked there only, not per send):
+    has code replaced what the loop's own TCP code uses: its module's
     ``socket`` (``mock.patch('asyncio.base_events.socket')``) or I/O methods
     on the loop object?  Then the call is the loop's: the replacements were
     made for its own code, and rsock.asyncio would go around them (and, with
@@ -511,19 +513,16 @@ def _doubled(loop: Any) -> bool:
 
 
 def _routable(loop: Any) -> bool:
-    """Route this call?  Only while patched, only on the loop's own thread
-    with the loop running (rsock.asyncio works on the running loop), and not
-    when a test replaced the loop's own machinery (_doubled)."""
+    """Route this call?  Only while patched, and only on the loop's own
+    thread with the loop running (rsock.asyncio works on the running loop)."""
     if not _active:
         return False
     import asyncio
 
     try:
-        if asyncio.get_running_loop() is not loop:
-            return False
+        return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-    return not _doubled(loop)
 
 
 def _rsock_asyncio() -> Any:
@@ -544,6 +543,7 @@ def _wrap_create_connection(original: Any) -> Callable[..., Any]:
             or not allowed.issuperset(kw)
             or not _tcp_call(host, port, kw, server=False)
             or not _routable(self)
+            or _doubled(self)  # the loop makes the sockets: a test's doubles are for it
         ):
             return await original(self, protocol_factory, host, port, *args, **kw)
         _note("asyncio:create_connection")
@@ -567,6 +567,7 @@ def _wrap_create_server(original: Any) -> Callable[..., Any]:
             or not allowed.issuperset(kw)
             or not _tcp_call(host, port, kw, server=True)
             or not _routable(self)
+            or _doubled(self)  # the loop makes the sockets: a test's doubles are for it
         ):
             return await original(self, protocol_factory, host, port, *args, **kw)
         _note("asyncio:create_server")
