@@ -92,6 +92,15 @@ int cm_verbs_probe(char *detail, size_t dlen)
 	return n;
 }
 
+/* A librdmacm call failed: -errno, with one sentence in detail. */
+static int v_failed(char *detail, size_t dlen, const char *what)
+{
+	int e = errno;
+
+	snprintf(detail, dlen, "verbs: %s: %s", what, strerror(e));
+	return -e;
+}
+
 static void vd_fill(const struct prov_qp *q, struct vconn_data *d)
 {
 	memset(d, 0, sizeof(*d));
@@ -421,16 +430,12 @@ static int v_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 	if ((rc = v_channel(&ch, detail, dlen)))
 		return rc;
 	if (V.create_id(ch, &id, NULL, RDMA_PS_TCP)) {
-		rc = -errno;
-		snprintf(detail, dlen, "verbs: rdma_create_id: %s",
-			 strerror(errno));
+		rc = v_failed(detail, dlen, "rdma_create_id");
 		goto fail;
 	}
 	if (V.resolve_addr(id, src ? (struct sockaddr *)&ss : NULL,
 			   (struct sockaddr *)&sd, step)) {
-		rc = -errno;
-		snprintf(detail, dlen, "verbs: rdma_resolve_addr: %s",
-			 strerror(errno));
+		rc = v_failed(detail, dlen, "rdma_resolve_addr");
 		goto fail;
 	}
 	rc = v_expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, until, NULL, detail,
@@ -438,9 +443,7 @@ static int v_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 	if (rc)
 		goto fail;
 	if (V.resolve_route(id, step)) {
-		rc = -errno;
-		snprintf(detail, dlen, "verbs: rdma_resolve_route: %s",
-			 strerror(errno));
+		rc = v_failed(detail, dlen, "rdma_resolve_route");
 		goto fail;
 	}
 	rc = v_expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, until, NULL, detail,
@@ -468,9 +471,7 @@ static int v_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 	cp.retry_count = 7;
 	cp.rnr_retry_count = 7;
 	if (V.connect(id, &cp)) {
-		rc = -errno;
-		snprintf(detail, dlen, "verbs: rdma_connect: %s",
-			 strerror(errno));
+		rc = v_failed(detail, dlen, "rdma_connect");
 		goto fail;
 	}
 	rc = v_expect(ch, RDMA_CM_EVENT_ESTABLISHED, until, &pd, detail,
