@@ -157,14 +157,14 @@ static void check_invariants(const rsk_sock *s)
 {
 	if (s->kind != K_CONN || s->released)
 		return;
-	FUZZ_CHECK(s->r_tail - s->r_head <= s->rsize, "rx %llu..%llu ring %u",
-		   (unsigned long long)s->r_head, (unsigned long long)s->r_tail,
-		   s->rsize);
-	FUZZ_CHECK(s->s_tail - s->s_acked <= s->peer_rsize,
-		   "tx %llu..%llu ring %u", (unsigned long long)s->s_acked,
-		   (unsigned long long)s->s_tail, s->peer_rsize);
-	FUZZ_CHECK(s->s_limit - s->s_msgs <= s->peer_q, "limit %u sent %u q %u",
-		   s->s_limit, s->s_msgs, s->peer_q);
+	FUZZ_CHECK(s->p.r_tail - s->p.r_head <= s->p.rsize, "rx %llu..%llu ring %u",
+		   (unsigned long long)s->p.r_head, (unsigned long long)s->p.r_tail,
+		   s->p.rsize);
+	FUZZ_CHECK(s->p.s_tail - s->p.s_acked <= s->p.peer_rsize,
+		   "tx %llu..%llu ring %u", (unsigned long long)s->p.s_acked,
+		   (unsigned long long)s->p.s_tail, s->p.peer_rsize);
+	FUZZ_CHECK(s->p.s_limit - s->p.s_msgs <= s->p.peer_q, "limit %u sent %u q %u",
+		   s->p.s_limit, s->p.s_msgs, s->p.peer_q);
 }
 
 static int send_errno_ok(ssize_t r)
@@ -187,12 +187,12 @@ static void peer_post(struct conn *c, uint32_t imm, const uint8_t *b,
 
 	if (c->p_closed || c->p->released)
 		return;
-	rc = c->p->ops->post_write_imm(c->p->qp, &iov, 1, roff, imm, 0, 0);
+	rc = c->p->p.ops->post_write_imm(c->p->p.qp, &iov, 1, roff, imm, 0, 0);
 	FUZZ_CHECK(rc == 0 || rc == -EFAULT || rc == -EPROTO ||
 			   rc == -ENOTCONN,
 		   "post_write_imm: %d", rc);
 	if (rc == 0)
-		c->p->s_msgs++; /* the peer's engine counts what went out */
+		c->p->p.s_msgs++; /* the peer's engine counts what went out */
 	c->clean = 0;
 }
 
@@ -221,7 +221,7 @@ enum {
 static void step(struct conn *c, struct input *in)
 {
 	rsk_sock *v = c->v, *p = c->p;
-	struct prov_qp *vqp = v->released ? NULL : v->qp;
+	struct prov_qp *vqp = v->released ? NULL : v->p.qp;
 	uint8_t op = in_u8(in) % A_COUNT;
 	uint8_t b[256];
 	ssize_t r;
@@ -231,7 +231,7 @@ static void step(struct conn *c, struct input *in)
 	case A_RAW_POST: { /* anything at all */
 		uint32_t imm = in_u32(in);
 		size_t len = in_u8(in);
-		uint64_t area = prov_area_len(v->lq, v->rsize);
+		uint64_t area = prov_area_len(v->p.lq, v->p.rsize);
 		uint64_t roff = in_u32(in) % (area + 64);
 
 		in_bytes(in, b, len);
@@ -239,21 +239,21 @@ static void step(struct conn *c, struct input *in)
 		break;
 	}
 	case A_PEER_DATA: { /* DATA at (about) the peer's tail */
-		uint32_t len = in_u16(in) % (v->rsize + 2);
+		uint32_t len = in_u16(in) % (v->p.rsize + 2);
 		int32_t skew = (int8_t)in_u8(in);
 		uint8_t mode = in_u8(in);
 		uint32_t arg = mode & 1 ? len : len + (uint32_t)(int8_t)in_u8(in);
 		uint32_t opc = mode & 4 ? in_u8(in) & 7u : (uint32_t)OP_DATA;
-		uint64_t pos = p->s_tail + (uint64_t)(int64_t)(mode & 2 ? skew : 0);
+		uint64_t pos = p->p.s_tail + (uint64_t)(int64_t)(mode & 2 ? skew : 0);
 		static uint8_t data[1 << 15];
 
 		if (len > sizeof(data))
 			len = sizeof(data);
 		fill(data, len, c->p_sent, 0);
 		peer_post(c, IMM(opc, arg), data, len,
-			  p->peer_ring_off + ring_off(pos, p->peer_rsize));
+			  p->p.peer_ring_off + ring_off(pos, p->p.peer_rsize));
 		if (!(mode & 2) && !p->released)
-			p->s_tail += len;
+			p->p.s_tail += len;
 		break;
 	}
 	case A_PEER_CTRL: { /* a control record with fuzzed credits */
@@ -263,18 +263,18 @@ static void step(struct conn *c, struct input *in)
 		size_t len;
 
 		/* (one read per statement: the input is read in this order) */
-		m.consumed = mode & 1 ? in_u64(in) : p->r_head + (int8_t)in_u8(in);
-		m.limit = mode & 2 ? in_u32(in) : p->r_reposted + (int8_t)in_u8(in);
+		m.consumed = mode & 1 ? in_u64(in) : p->p.r_head + (int8_t)in_u8(in);
+		m.limit = mode & 2 ? in_u32(in) : p->p.r_reposted + (int8_t)in_u8(in);
 		m.op = mode & 4 ? in_u32(in) : (uint32_t)1 + in_u8(in) % 4;
-		seq = p->s_msgs + (mode & 8 ? (int8_t)in_u8(in) : 0);
+		seq = p->p.s_msgs + (mode & 8 ? (int8_t)in_u8(in) : 0);
 		imm = mode & 16 ? in_u32(in) : IMM(m.op, 0);
 		len = mode & 32 ? in_u8(in) % 17 : 16;
 		peer_post(c, imm, (const uint8_t *)&m, len,
-			  (uint64_t)(seq % p->peer_q) * sizeof(m));
+			  (uint64_t)(seq % p->p.peer_q) * sizeof(m));
 		break;
 	}
 	case A_STORE_AREA: { /* plain stores into the victim's area */
-		uint64_t area = prov_area_len(v->lq, v->rsize);
+		uint64_t area = prov_area_len(v->p.lq, v->p.rsize);
 		uint64_t off = in_u32(in) % area;
 		size_t n = in_u8(in) % 64 + 1;
 
@@ -288,7 +288,7 @@ static void step(struct conn *c, struct input *in)
 		break;
 	}
 	case A_STORE_SEG: { /* header and CQ too: the peer maps it all */
-		uint64_t off = in_u32(in) % (SHM_CQ_OFF + (uint64_t)v->lq * 8);
+		uint64_t off = in_u32(in) % (SHM_CQ_OFF + (uint64_t)v->p.lq * 8);
 		size_t n = in_u8(in) % 16 + 1;
 
 		in_bytes(in, b, n);
@@ -350,10 +350,10 @@ static void step(struct conn *c, struct input *in)
 		FUZZ_CHECK(r <= (ssize_t)n, "rsk_recv_zc: %zd > %zu", r, n);
 		if (r <= 0)
 			break;
-		FUZZ_CHECK(!v->released && (const uint8_t *)ptr >= v->ring &&
-				   (const uint8_t *)ptr + r <= v->ring + v->rsize,
+		FUZZ_CHECK(!v->released && (const uint8_t *)ptr >= v->p.ring &&
+				   (const uint8_t *)ptr + r <= v->p.ring + v->p.rsize,
 			   "zero-copy window %p+%zd outside the ring %p+%u", ptr,
-			   r, (void *)v->ring, v->rsize);
+			   r, (void *)v->p.ring, v->p.rsize);
 		memcpy(cmpbuf, ptr, (size_t)r);
 		expect_stream(c, cmpbuf, (size_t)r, c->v_got, 0);
 		done = in_u16(in) % ((size_t)r + 2); /* may claim too much */
@@ -509,7 +509,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			"flags %#x: %s\n",
 			steps, c.clean ? "clean" : "hostile",
 			(unsigned long long)c.v_got, (unsigned long long)c.v_sent,
-			c.v->flags, rsk_detail(c.v));
+			c.v->p.flags, rsk_detail(c.v));
 	rsk_free(c.v);
 	rsk_free(c.p);
 	return 0;

@@ -179,6 +179,65 @@ def handshake_seeds() -> dict[str, bytes]:
 # fmt: on
 
 
+# fuzz_proto.c: the first byte is the geometry (bit 0: rsockets; bits 1-2: ring
+# 1 KiB/4 KiB/16 KiB/64 KiB; bits 3-4: queue 4/8/16/64), then actions (op % 16)
+(
+    PR_A_SEND,
+    _PR_A_SEND2,
+    PR_B_CONSUME,
+    _PR_B_CONSUME2,
+    PR_B_SEND,
+    PR_A_CONSUME,
+    PR_A_RUN,
+    PR_B_RUN,
+    _PR_B_RUN2,
+    PR_RAW_WRITE,
+    PR_RAW_CTRL,
+    PR_RAW_STORE,
+    PR_FORGED,
+    PR_SHUT,
+    PR_FAIL,
+    PR_B_CLOSE,
+) = range(16)
+
+
+def proto_geometry(rs: bool, ring: int, q: int) -> bytes:
+    return u8(int(rs) | ring << 1 | q << 3)
+
+
+def proto_stream(rounds: int, n: int) -> bytes:
+    step = u8(PR_A_SEND) + u16(n) + u8(PR_B_RUN) + u8(PR_B_CONSUME) + u16(n) + u8(PR_A_RUN)
+    back = u8(PR_B_SEND) + u16(n // 2) + u8(PR_A_RUN) + u8(PR_A_CONSUME) + u16(n) + u8(PR_B_RUN)
+    return (step + back) * rounds
+
+
+def proto_seeds() -> dict[str, bytes]:
+    seeds: dict[str, bytes] = {}
+    for rs in (False, True):
+        tag = "rsockets" if rs else "rsock"
+        g = proto_geometry(rs, 1, 1)
+        seeds[f"{tag}-stream"] = g + proto_stream(20, 1500)
+        seeds[f"{tag}-tiny-wrap"] = proto_geometry(rs, 0, 0) + proto_stream(40, 700)
+        seeds[f"{tag}-shutdown"] = g + proto_stream(3, 900) + u8(PR_SHUT | 0x10) + u8(PR_B_RUN)
+        seeds[f"{tag}-close-unread"] = (
+            g + u8(PR_B_SEND) + u16(500) + u8(PR_A_RUN) + u8(PR_SHUT | 0x20) + u8(PR_B_RUN)
+        )
+        seeds[f"{tag}-raw-data"] = (
+            g + proto_stream(2, 800) + u8(PR_RAW_WRITE) + u32(imm(0, 64)) + u16(64)
+            + u32(64 + 1600) + bytes(64) + u8(0) + u8(PR_B_RUN)
+        )
+        seeds[f"{tag}-raw-ctrl"] = (
+            g + proto_stream(2, 800) + u8(PR_B_SEND) + u16(300) + u8(PR_RAW_CTRL) + u8(0)
+            + u8(1) + u8(0) + u8(4) + u8(PR_B_RUN) + u8(PR_B_SEND) + u16(100)
+        )
+        seeds[f"{tag}-forged"] = g + proto_stream(1, 100) + u8(PR_FORGED) + u8(201) + u8(0) + u32(
+            imm(0, 8)
+        ) + u16(8) + u8(PR_B_RUN)
+        seeds[f"{tag}-store"] = g + u8(PR_RAW_STORE) + u16(3) + u8(0xFF) + proto_stream(2, 600)
+        seeds[f"{tag}-fail"] = g + u8(PR_FAIL | 0x10) + u8(1) + proto_stream(2, 600)
+    return seeds
+
+
 def write(name: str, seeds: dict[str, bytes]) -> None:
     d = HERE / "corpus" / name
     d.mkdir(parents=True, exist_ok=True)
@@ -191,3 +250,4 @@ def write(name: str, seeds: dict[str, bytes]) -> None:
 if __name__ == "__main__":
     write("engine", engine_seeds())
     write("handshake", handshake_seeds())
+    write("proto", proto_seeds())

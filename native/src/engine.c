@@ -208,7 +208,7 @@ int eng_enter(rsk_sock *s)
 	}
 	if (eng_forked(s) && !eng_claim(s)) {
 		eng_set_detail(s, "connection in use by process %u (fork)",
-			       *s->ops->owner_word(s->qp));
+			       *s->p.ops->owner_word(s->p.qp));
 		pthread_mutex_unlock(&s->lock);
 		return -EBADF;
 	}
@@ -241,7 +241,7 @@ int rsk_notify_fds(rsk_sock *s, int *notify_fd, int *live_fd)
 	if (s->kind != K_CONN) {
 		rc = -ENOTCONN;
 	} else {
-		*notify_fd = s->ops->notify_fd(s->qp);
+		*notify_fd = s->p.ops->notify_fd(s->p.qp);
 		*live_fd = s->live_fd;
 	}
 	eng_leave(s);
@@ -296,397 +296,27 @@ int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o)
 
 /* ---------------------------------------------------- failure handling */
 
-static int eng_post_ctrl(rsk_sock *s, enum eng_op op);
+/* Wake the threads that sleep on s if the protocol changed something they
+ * wait for (proto.wake). */
+static void eng_wake_due(rsk_sock *s)
+{
+	if (s->p.wake) {
+		s->p.wake = 0;
+		eng_wake(s);
+	}
+}
 
 /* The connection is unusable from now on; tell the peer if we can. */
-static void eng_fail(rsk_sock *s, int err, int tell_peer, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (s->flags & F_DEAD)
-		return;
-	if (tell_peer && (s->rs || s->s_limit != s->s_msgs))
-		(void)eng_post_ctrl(s, OP_RESET);
-	s->flags |= F_DEAD;
-	s->err = err;
-	s->so_error = err;
-	va_start(ap, fmt);
-	vsnprintf(s->detail, sizeof(s->detail), fmt, ap);
-	va_end(ap);
-	eng_wake(s);
-}
-
-/* ------------------------------------------------------ control output */
-
-uint32_t eng_credits(const rsk_sock *s)
-{
-	return s->s_limit - s->s_msgs;
-}
-
-/* ---------------------------------------------- rsockets personality */
-
-/*
- * librdmacm's rsockets stream protocol (PROTOCOL.md section 9).  Data goes
- * where the peer's published SGEs say; the receiver publishes a free half
- * of its ring (an rs_sge RDMA-written into the sender's target SGL, imm
- * SGL | message limit) when its application has consumed one; message
- * credits count *consumed* data messages (16-bit sequence numbers);
- * control messages take no credit (RNR retry covers them).
- */
-static int rs_post(rsk_sock *s, const struct iovec *iov, int iovcnt,
-		   uint64_t raddr, uint32_t rkey, uint32_t imm)
-{
-	int flags = 0;
-	uint64_t wr_id = 0;
-	int rc;
-
-	if (++s->s_unsignaled >= 16) {
-		flags |= PROV_SIGNALED;
-		wr_id = s->s_unsignaled;
-		s->s_unsignaled = 0;
-	}
-	rc = s->ops->post_write_at(s->qp, iov, iovcnt, raddr, rkey, imm,
-				   flags, wr_id);
-	if (rc) {
-		eng_fail(s, ECONNRESET, 0, "provider %s: post failed (%s)",
-			 s->ops->name, strerror(-rc));
-		return rc;
-	}
-	s->sq_out++;
-	return 0;
-}
-
-static uint32_t rs_half(const rsk_sock *s)
-{
-	return s->rsize >> 1;
-}
-
-static int rs_credit_due(const rsk_sock *s)
-{
-	return s->r_head + s->rsize - s->rs_pub >= rs_half(s) ||
-	       (int16_t)(s->rs_rseq_no - s->rs_rseq_comp) >= 0;
-}
-
-/* Publish a consumed half of the ring (or message credits only). */
-static int rs_send_credits(rsk_sock *s)
-{
-	uint32_t limit = (uint32_t)(uint16_t)(s->rs_rseq_no + s->lq);
-	int rc;
-
-	s->rs_rseq_comp = (uint16_t)(s->rs_rseq_no + (s->lq >> 1));
-	if (s->r_head + s->rsize - s->rs_pub >= rs_half(s)) {
-		struct rs_sge sge = {
-			.addr = s->rs_rbuf_addr + ring_off(s->rs_pub, s->rsize),
-			.key = s->rs_rbuf_key,
-			.length = rs_half(s),
-		};
-		struct iovec iov = { .iov_base = &sge, .iov_len = sizeof(sge) };
-
-		rc = rs_post(s, &iov, 1,
-			     s->rs_sgl_addr + (uint64_t)s->rs_rsge * sizeof(sge),
-			     s->rs_sgl_key, IMM(RS_OP_SGL, limit));
-		if (rc)
-			return rc;
-		s->rs_pub += rs_half(s);
-		s->rs_rsge = (s->rs_rsge + 1) % s->rs_sgl_len;
-	} else if ((rc = rs_post(s, NULL, 0, 0, 0, IMM(RS_OP_SGL, limit)))) {
-		return rc;
-	}
-	s->r_credited = s->r_head;
-	s->st.tx_ctrl++;
-	return 0;
-}
-
-static void rs_handle_recv(rsk_sock *s, const struct prov_wc *wc)
-{
-	uint32_t op = wc->imm >> IMM_OP_SHIFT, arg = wc->imm & IMM_ARG_MASK;
-	int rc;
-
-	/* receives are reposted at once; credits count consumed messages */
-	rc = s->ops->post_recv(s->qp, wc->wr_id);
-	if (rc) {
-		eng_fail(s, ECONNRESET, 0, "provider %s: repost failed (%s)",
-			 s->ops->name, strerror(-rc));
-		return;
-	}
-	s->r_msgs++;
-	switch (op) {
-	case RS_OP_DATA:
-		if (arg == 0 || arg != wc->byte_len ||
-		    s->r_tail + arg > s->rs_pub ||
-		    ring_off(s->r_tail, s->rsize) + (uint64_t)arg > s->rsize ||
-		    s->rs_mq_n > s->lq) {
-			eng_fail(s, ECONNRESET, 1,
-				 "protocol violation (rsockets): data message "
-				 "of %u bytes (imm %u) outside the published "
-				 "buffer", wc->byte_len, arg);
-			return;
-		}
-		if (s->flags & F_PEER_FIN) {
-			eng_fail(s, ECONNRESET, 1,
-				 "protocol violation: data after shutdown");
-			return;
-		}
-		s->r_tail += arg;
-		s->rs_mq[(s->rs_mq_head + s->rs_mq_n++) % (s->lq + 1)] =
-			s->r_tail;
-		s->st.rx_msgs++;
-		s->st.rx_bytes += arg;
-		return;
-	case RS_OP_SGL:
-		/* new message limit; a published SGE is already in place */
-		s->rs_sseq_comp = (uint16_t)arg;
-		s->st.rx_ctrl++;
-		return;
-	case RS_OP_CTRL:
-		s->st.rx_ctrl++;
-		if (arg == RS_CTRL_SHUTDOWN || arg == RS_CTRL_DISCONNECT)
-			s->flags |= F_PEER_FIN;
-		return;
-	default:
-		eng_fail(s, ECONNRESET, 1,
-			 "protocol violation (rsockets): opcode %u", op);
-	}
-}
-
-/* The application consumed up to r_head: count finished messages. */
-static void rs_consumed(rsk_sock *s)
-{
-	while (s->rs_mq_n && s->rs_mq[s->rs_mq_head] <= s->r_head) {
-		s->rs_mq_head = (s->rs_mq_head + 1) % (s->lq + 1);
-		s->rs_mq_n--;
-		s->rs_rseq_no++;
-	}
-}
-
-/* What a data message may take now: 0 if no SGE or no credit. */
-uint32_t rs_send_room(const rsk_sock *s)
-{
-	const struct rs_sge *t = &s->rs_tsgl[s->rs_tsge];
-	uint32_t len = __atomic_load_n(&t->length, __ATOMIC_ACQUIRE);
-
-	if (s->rs_sseq_no == s->rs_sseq_comp)
-		return 0;
-	return len > IMM_ARG_MASK ? IMM_ARG_MASK : len;
-}
-
-static int rs_post_data(rsk_sock *s, const void *p, uint32_t n)
-{
-	struct rs_sge *t = &s->rs_tsgl[s->rs_tsge];
-	struct iovec iov = { .iov_base = (void *)p, .iov_len = n };
-	uint64_t addr = t->addr;
-	uint32_t key = t->key;
-	int rc;
-
-	/* Take the space before posting: once the write is out, the peer may
-	 * consume the rest of this SGE and publish its next one into this
-	 * very entry (an RDMA write into rs_tsgl) before this thread runs
-	 * again (rxe: on another CPU, at once); updating the entry after
-	 * the post would then clobber the new SGE and misplace what follows
-	 * (seen as a corrupted stream at an rsockets server). */
-	t->addr += n;
-	__atomic_store_n(&t->length, t->length - n, __ATOMIC_RELEASE);
-	if (t->length == 0)
-		s->rs_tsge = (s->rs_tsge + 1) % 2;
-	rc = rs_post(s, &iov, 1, addr, key, IMM(RS_OP_DATA, n));
-	if (rc)
-		return rc;
-	s->rs_sseq_no++;
-	return 0;
-}
-
-static int eng_post(rsk_sock *s, const struct iovec *iov, int iovcnt,
-		    uint64_t roff, uint32_t imm, int inl)
-{
-	int flags = inl ? PROV_INLINE : 0;
-	uint64_t wr_id = 0;
-	int rc;
-
-	if (++s->s_unsignaled >= (s->opts.qdepth >> 2) || s->s_unsignaled >= 16) {
-		flags |= PROV_SIGNALED;
-		wr_id = s->s_unsignaled;
-		s->s_unsignaled = 0;
-	}
-	rc = s->ops->post_write_imm(s->qp, iov, iovcnt, roff, imm, flags, wr_id);
-	if (rc) {
-		eng_fail(s, ECONNRESET, 0, "provider %s: post failed (%s)",
-			 s->ops->name, strerror(-rc));
-		return rc;
-	}
-	s->sq_out++;
-	s->s_msgs++;
-	return 0;
-}
-
-/* Send one control message carrying our current credits. */
-static int eng_post_ctrl(rsk_sock *s, enum eng_op op)
-{
-	struct eng_ctrl m = {
-		.consumed = s->r_head,
-		.limit = s->r_reposted,
-		.op = op,
-	};
-	struct iovec iov = { .iov_base = &m, .iov_len = sizeof(m) };
-	uint64_t roff = (uint64_t)(s->s_msgs % s->peer_q) * sizeof(m);
-	int rc;
-
-	if (s->rs) {
-		if (op == OP_CREDIT)
-			return rs_send_credits(s);
-		s->st.tx_ctrl++;
-		return rs_post(s, NULL, 0, 0, 0,
-			       IMM(RS_OP_CTRL, op == OP_FIN ? RS_CTRL_SHUTDOWN :
-							      RS_CTRL_DISCONNECT));
-	}
-	rc = eng_post(s, &iov, 1, roff, IMM(op, 0), 1);
-	if (rc)
-		return rc;
-	s->r_credited = m.consumed;
-	s->r_limit_sent = m.limit;
-	s->st.tx_ctrl++;
-	return 0;
-}
-
-/* Byte credits go back once this much of the ring has been consumed. */
-static uint64_t eng_credit_bytes(const rsk_sock *s)
-{
-	return s->rsize >> CREDIT_BYTES_SHIFT;
-}
-
-/* May a control message go out (need: credits to keep beyond it)?  The
- * rsockets protocol sends control messages without credits. */
-static int eng_ctrl_room(const rsk_sock *s, uint32_t need)
-{
-	return s->rs || eng_credits(s) > need;
-}
-
-static int eng_credit_due(const rsk_sock *s)
-{
-	if (s->rs)
-		return rs_credit_due(s);
-	return (s->pending & P_CREDIT) ||
-	       s->r_head - s->r_credited >= eng_credit_bytes(s) ||
-	       s->r_reposted - s->r_limit_sent >= (s->lq >> 1);
-}
-
-/* Send what control traffic is due and allowed by the credit reserve. */
-static void eng_flush_ctrl(rsk_sock *s)
-{
-	if (s->flags & F_DEAD)
-		return;
-	if (eng_credit_due(s)) {
-		if (eng_ctrl_room(s, 1) && !eng_post_ctrl(s, OP_CREDIT))
-			s->pending &= ~P_CREDIT;
-		else
-			s->pending |= P_CREDIT;
-	}
-	if ((s->pending & P_RESET) && eng_ctrl_room(s, 0)) {
-		s->pending &= ~(P_RESET | P_FIN);
-		eng_fail(s, ECONNRESET, 1, "connection reset");
-		return;
-	}
-	if ((s->pending & P_FIN) && eng_ctrl_room(s, 0) &&
-	    !eng_post_ctrl(s, OP_FIN))
-		s->pending &= ~P_FIN;
-}
-
-/* ------------------------------------------------------- control input */
-
-static void eng_apply_ctrl(rsk_sock *s, const struct eng_ctrl *m)
-{
-	if (m->consumed < s->s_acked || m->consumed > s->s_tail) {
-		eng_fail(s, ECONNRESET, 1,
-			 "protocol violation: credit for %llu bytes, %llu sent",
-			 (unsigned long long)m->consumed,
-			 (unsigned long long)s->s_tail);
-		return;
-	}
-	if ((int32_t)(m->limit - s->s_limit) < 0 ||
-	    m->limit - s->s_msgs > s->peer_q) {
-		eng_fail(s, ECONNRESET, 1,
-			 "protocol violation: message limit %u (sent %u)",
-			 m->limit, s->s_msgs);
-		return;
-	}
-	s->s_acked = m->consumed;
-	s->s_limit = m->limit;
-}
-
-static void eng_handle_recv(rsk_sock *s, const struct prov_wc *wc)
-{
-	uint32_t op = wc->imm >> IMM_OP_SHIFT, arg = wc->imm & IMM_ARG_MASK;
-	uint32_t slot = s->r_msgs % s->lq;
-	struct eng_ctrl m;
-	int rc;
-
-	if (s->rs) {
-		rs_handle_recv(s, wc);
-		return;
-	}
-	if (wc->wr_id != (PROV_WRID_RECV | slot)) {
-		/* receives complete in the order they were posted: another
-		 * one means a completion was lost (or forged) */
-		eng_fail(s, ECONNRESET, 1,
-			 "provider %s: receive completion %llu out of order "
-			 "(expected slot %u)", s->ops->name,
-			 (unsigned long long)(wc->wr_id & ~PROV_WRID_RECV), slot);
-		return;
-	}
-	s->r_msgs++;
-	rc = s->ops->post_recv(s->qp, PROV_WRID_RECV | slot);
-	if (rc) {
-		eng_fail(s, ECONNRESET, 0, "provider %s: repost failed (%s)",
-			 s->ops->name, strerror(-rc));
-		return;
-	}
-	s->r_reposted++;
-
-	if (op == OP_DATA) {
-		if (arg != wc->byte_len ||
-		    !ring_msg_fits(s->r_head, s->r_tail, s->rsize, arg)) {
-			eng_fail(s, ECONNRESET, 1,
-				 "protocol violation: data message of %u bytes "
-				 "(imm %u) does not fit the ring",
-				 wc->byte_len, arg);
-			return;
-		}
-		if (s->flags & F_PEER_FIN) {
-			eng_fail(s, ECONNRESET, 1,
-				 "protocol violation: data after FIN");
-			return;
-		}
-		s->r_tail += arg;
-		s->st.rx_msgs++;
-		s->st.rx_bytes += arg;
-		return;
-	}
-	if (op > OP_KEEPALIVE || arg != 0 || wc->byte_len != sizeof(m)) {
-		eng_fail(s, ECONNRESET, 1,
-			 "protocol violation: opcode %u arg %u len %u", op, arg,
-			 wc->byte_len);
-		return;
-	}
-	memcpy(&m, s->lctrl + (size_t)slot * sizeof(m), sizeof(m));
-	if (m.op != op) {
-		eng_fail(s, ECONNRESET, 1,
-			 "protocol violation: ctrl slot op %u != imm op %u",
-			 m.op, op);
-		return;
-	}
-	s->st.rx_ctrl++;
-	eng_apply_ctrl(s, &m);
-	if (s->flags & F_DEAD)
-		return;
-	if (op == OP_FIN)
-		s->flags |= F_PEER_FIN;
-	else if (op == OP_RESET)
-		eng_fail(s, ECONNRESET, 0, "the peer aborted the connection");
-}
+#define eng_fail(s, ...)                             \
+	do {                                         \
+		proto_fail(&(s)->p, __VA_ARGS__);    \
+		eng_wake_due(s);                     \
+	} while (0)
 
 /* The peer is gone: stop watching its liveness channel. */
 static void eng_set_gone(rsk_sock *s)
 {
-	s->flags |= F_PEER_GONE;
+	s->p.flags |= F_PEER_GONE;
 	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
 	eng_wake(s);
 }
@@ -698,40 +328,21 @@ int eng_progress(rsk_sock *s)
 	struct prov_wc wc[WC_BATCH];
 	int n, i, total = 0;
 
-	if (s->kind != K_CONN || (s->flags & F_DEAD))
+	if (s->kind != K_CONN || (s->p.flags & F_DEAD))
 		return 0;
 	do {
-		n = s->ops->poll_cq(s->qp, wc, WC_BATCH);
+		n = s->p.ops->poll_cq(s->p.qp, wc, WC_BATCH);
 		s->st.cq_polls++;
-		for (i = 0; i < n && !(s->flags & F_DEAD); i++) {
-			if (wc[i].status == -ESHUTDOWN &&
-			    (s->flags & F_PEER_FIN)) {
-				/* flushed after the peer's orderly close: it
-				 * is gone, as a hang-up after FIN says */
+		for (i = 0; i < n && !(s->p.flags & F_DEAD); i++)
+			if (proto_complete(&s->p, &wc[i], s->hup_at != 0))
 				eng_set_gone(s);
-			} else if (wc[i].status == -ESHUTDOWN && s->hup_at) {
-				/* the fence after a hang-up (eng_hup_grace):
-				 * everything the peer delivered came first,
-				 * and there was no FIN */
-				eng_set_gone(s);
-				eng_fail(s, ECONNRESET, 0,
-					 "peer vanished without closing");
-			} else if (wc[i].status) {
-				eng_fail(s, ECONNRESET, 0,
-					 "provider %s: completion error (%s)",
-					 s->ops->name, strerror(-wc[i].status));
-			} else if (wc[i].is_recv) {
-				eng_handle_recv(s, &wc[i]);
-			} else {
-				s->sq_out -= (uint32_t)wc[i].wr_id;
-			}
-		}
 		total += n;
-	} while (n == WC_BATCH && !(s->flags & F_DEAD));
+	} while (n == WC_BATCH && !(s->p.flags & F_DEAD));
 	s->st.completions += (uint64_t)total;
-	eng_flush_ctrl(s);
+	proto_flush(&s->p);
 	if (total)
-		eng_wake(s);
+		s->p.wake = 1;
+	eng_wake_due(s);
 	return total;
 }
 
@@ -754,9 +365,9 @@ static int eng_hup_grace(rsk_sock *s)
 	if (s->hup_at)
 		return now < s->hup_at;
 	s->hup_at = now + LIVE_GRACE_NS;
-	if (s->ops->hup_fence && s->ops->hup_fence(s->qp, LIVE_GRACE_NS) == 0)
+	if (s->p.ops->hup_fence && s->p.ops->hup_fence(s->p.qp, LIVE_GRACE_NS) == 0)
 		return 1;
-	while (!(s->flags & (F_PEER_FIN | F_DEAD)) &&
+	while (!(s->p.flags & (F_PEER_FIN | F_DEAD)) &&
 	       eng_now_ns() < s->hup_at) {
 		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
 		eng_progress(s);
@@ -770,11 +381,11 @@ static void eng_check_live(rsk_sock *s)
 	char b, why[sizeof(s->detail)];
 	ssize_t n;
 
-	if (s->live_fd < 0 || (s->flags & F_PEER_GONE))
+	if (s->live_fd < 0 || (s->p.flags & F_PEER_GONE))
 		return;
-	if (s->ops->live_event) {
+	if (s->p.ops->live_event) {
 		/* the provider's CM says (it has no reject messages) */
-		if (!s->ops->live_event(s->qp))
+		if (!s->p.ops->live_event(s->p.qp))
 			return;
 		n = 0;
 	} else {
@@ -784,9 +395,9 @@ static void eng_check_live(rsk_sock *s)
 	}
 	/* gone: take in whatever it wrote before dying, then stop watching */
 	eng_progress(s);
-	if ((s->flags & F_PEER_GONE) ||
-	    (!(s->flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
-	     s->ops->completions_lag && s->ops->completions_lag(s->qp) &&
+	if ((s->p.flags & F_PEER_GONE) ||
+	    (!(s->p.flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
+	     s->p.ops->completions_lag && s->p.ops->completions_lag(s->p.qp) &&
 	     eng_hup_grace(s)))
 		return; /* (ended by a fenced flush meanwhile, or not yet) */
 	eng_set_gone(s);
@@ -795,7 +406,7 @@ static void eng_check_live(rsk_sock *s)
 	else if (n > 0)
 		eng_fail(s, ECONNRESET, 1,
 			 "protocol violation: data on the liveness channel");
-	else if (!(s->flags & F_PEER_FIN) && !(s->flags & F_DEAD))
+	else if (!(s->p.flags & F_PEER_FIN) && !(s->p.flags & F_DEAD))
 		eng_fail(s, ECONNRESET, 0, "peer vanished without closing");
 }
 
@@ -806,13 +417,13 @@ int eng_poll_live(rsk_sock *s)
 
 	if (s->kind != K_CONN || s->live_fd < 0)
 		return 0;
-	if (s->flags & F_PEER_GONE)
+	if (s->p.flags & F_PEER_GONE)
 		return 1;
 	p = (struct pollfd){ .fd = s->live_fd, .events = POLLIN | POLLRDHUP };
 	if (poll(&p, 1, 0) <= 0)
 		return 0;
 	eng_check_live(s);
-	return (s->flags & F_PEER_GONE) != 0;
+	return (s->p.flags & F_PEER_GONE) != 0;
 }
 
 /* A send into a ring with room never waits, so it would never learn that
@@ -823,7 +434,7 @@ static void eng_live_tick(rsk_sock *s)
 {
 	int64_t now;
 
-	if (s->kind != K_CONN || s->live_fd < 0 || (s->flags & F_PEER_GONE))
+	if (s->kind != K_CONN || s->live_fd < 0 || (s->p.flags & F_PEER_GONE))
 		return;
 	now = eng_now_ns();
 	if (now < s->live_next)
@@ -837,7 +448,7 @@ static void eng_live_tick(rsk_sock *s)
  * liveness channel did it. */
 static int eng_quiet(rsk_sock *s)
 {
-	return s->kind == K_CONN && !s->kicked && s->ops->armed(s->qp);
+	return s->kind == K_CONN && !s->kicked && s->p.ops->armed(s->p.qp);
 }
 
 /* ---------------------------------------------------------------- wait */
@@ -952,7 +563,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 					return -EINTR;
 			}
 			if (now < spin_end) {
-				int hit = s->ops->cq_pending(s->qp);
+				int hit = s->p.ops->cq_pending(s->p.qp);
 
 				if (!hit) {
 					pthread_mutex_unlock(&s->lock);
@@ -975,11 +586,11 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			continue;
 		}
 		s->fd_waiter = 1;
-		if (s->kind == K_CONN && !(s->flags & F_DEAD)) {
-			s->ops->arm(s->qp);
+		if (s->kind == K_CONN && !(s->p.flags & F_DEAD)) {
+			s->p.ops->arm(s->p.qp);
 			s->st.arms++;
 			if (eng_progress(s) || ready(s)) {
-				s->ops->disarm(s->qp);
+				s->p.ops->disarm(s->p.qp);
 				s->fd_waiter = 0;
 				continue;
 			}
@@ -991,7 +602,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 		pthread_mutex_lock(&s->lock);
 		s->fd_waiter = 0;
 		if (s->kind == K_CONN && !s->released) {
-			s->ops->ack(s->qp);
+			s->p.ops->ack(s->p.qp);
 			s->kicked = 0;
 			for (i = 0; i < n; i++)
 				if (ev[i].data.fd == s->live_fd)
@@ -1019,9 +630,9 @@ static int recv_ready(const rsk_sock *s)
  * then EOF and EPIPE); SO_ERROR may take it first. */
 static int eng_take_dead(rsk_sock *s, int after)
 {
-	int e = s->so_error;
+	int e = s->p.so_error;
 
-	s->so_error = 0;
+	s->p.so_error = 0;
 	return e ? -e : after;
 }
 
@@ -1032,12 +643,12 @@ static int send_error(rsk_sock *s, int keep)
 {
 	if (s->kind != K_CONN)
 		return -EPIPE;
-	if (s->flags & F_DEAD)
+	if (s->p.flags & F_DEAD)
 		return keep ? -EPIPE : eng_take_dead(s, -EPIPE);
-	if (s->flags & F_WR_SHUT)
+	if (s->p.flags & F_WR_SHUT)
 		return -EPIPE;
-	if (s->flags & F_PEER_GONE)
-		return (s->flags & F_PEER_FIN) ? -EPIPE : -ECONNRESET;
+	if (s->p.flags & F_PEER_GONE)
+		return (s->p.flags & F_PEER_FIN) ? -EPIPE : -ECONNRESET;
 	return 0;
 }
 
@@ -1052,46 +663,38 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 
 	if ((rc = eng_enter(s)))
 		return rc;
-	if (s->kind == K_CONN && (s->flags & F_PEER_FIN) &&
-	    !(s->flags & F_PEER_GONE))
+	if (s->kind == K_CONN && (s->p.flags & F_PEER_FIN) &&
+	    !(s->p.flags & F_PEER_GONE))
 		eng_check_live(s); /* a peer that closed makes sends fail */
 	else
 		eng_live_tick(s);
 	if (s->kind == K_CONN &&
-	    (s->flags & (F_PEER_FIN | F_PEER_GONE | F_DEAD | F_WR_SHUT |
+	    (s->p.flags & (F_PEER_FIN | F_PEER_GONE | F_DEAD | F_WR_SHUT |
 			 F_SENT_LATE)) == (F_PEER_FIN | F_PEER_GONE)) {
 		/* The peer closed in order and is gone.  TCP's first send then
 		 * still goes out (the peer's kernel answers it with a reset),
 		 * and only later ones fail with EPIPE: the same here, the
 		 * bytes being dropped (a zero-length send changes nothing). */
 		if (len)
-			s->flags |= F_SENT_LATE;
+			s->p.flags |= F_SENT_LATE;
 		eng_leave(s);
 		return (ssize_t)len;
 	}
 	while ((rc = send_error(s, done > 0)) == 0 && (done < len || len == 0)) {
-		uint64_t space;
-		uint32_t n, credits;
-		struct iovec iov;
+		uint32_t n;
+		int credit_stall;
 
 		if (len == 0)
 			break;
 		eng_progress(s);
 		if ((rc = send_error(s, done > 0)))
 			break;
-		if (s->rs) {
-			space = rs_send_room(s);
-			credits = space ? CREDIT_RESERVE + 1 : 0;
-		} else {
-			space = ring_contig_space(s->s_acked, s->s_tail,
-						  s->peer_rsize);
-			credits = eng_credits(s);
-		}
-		if (space == 0 || credits <= CREDIT_RESERVE) {
-			if (space == 0)
-				s->st.space_stalls++;
-			else
+		n = proto_send_room(&s->p, &credit_stall);
+		if (n == 0) {
+			if (credit_stall)
 				s->st.credit_stalls++;
+			else
+				s->st.space_stalls++;
 			if (done && nb)
 				break;
 			rc = eng_wait(s, send_ready, deadline, nb);
@@ -1099,26 +702,13 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 				break;
 			continue;
 		}
-		n = (uint32_t)(len - done < space ? len - done : space);
-		if (n > ENG_MAX_MSG)
-			n = ENG_MAX_MSG;
-		iov.iov_base = (void *)(p + done);
-		iov.iov_len = n;
-		if (s->rs)
-			rc = rs_post_data(s, p + done, n);
-		else
-			rc = eng_post(s, &iov, 1,
-				      s->peer_ring_off +
-					      ring_off(s->s_tail, s->peer_rsize),
-				      IMM(OP_DATA, n),
-				      n <= s->opts.inline_max);
+		if (n > len - done)
+			n = (uint32_t)(len - done);
+		rc = proto_send(&s->p, p + done, n);
 		if (rc) {
 			rc = done ? -ECONNRESET : eng_take_dead(s, -EPIPE);
 			break;
 		}
-		s->s_tail += n;
-		s->st.tx_msgs++;
-		s->st.tx_bytes += n;
 		done += n;
 	}
 	eng_leave(s);
@@ -1134,11 +724,11 @@ static int recv_end(rsk_sock *s, int keep)
 {
 	if (s->kind != K_CONN)
 		return -ENOTCONN;
-	if (s->flags & F_DEAD)
-		return keep && s->so_error ? -s->so_error : eng_take_dead(s, 0);
-	if (s->flags & (F_PEER_FIN | F_RD_SHUT))
+	if (s->p.flags & F_DEAD)
+		return keep && s->p.so_error ? -s->p.so_error : eng_take_dead(s, 0);
+	if (s->p.flags & (F_PEER_FIN | F_RD_SHUT))
 		return 0;
-	if (s->flags & F_PEER_GONE)
+	if (s->p.flags & F_PEER_GONE)
 		return -ECONNRESET;
 	return 1; /* nothing to report: wait */
 }
@@ -1146,14 +736,8 @@ static int recv_end(rsk_sock *s, int keep)
 /* Consume n bytes at the head and return credits as due. */
 static void eng_consume(rsk_sock *s, size_t n)
 {
-	s->r_head += n;
-	if (s->rs) {
-		rs_consumed(s);
-		if (rs_credit_due(s))
-			eng_flush_ctrl(s);
-	} else if (s->r_head - s->r_credited >= eng_credit_bytes(s)) {
-		eng_flush_ctrl(s);
-	}
+	proto_consume(&s->p, n);
+	eng_wake_due(s);
 }
 
 /* Wait for data; returns bytes readable (> 0), 0 at EOF, or -errno.
@@ -1164,8 +748,8 @@ static ssize_t recv_wait(rsk_sock *s, int flags, int64_t deadline, int keep)
 	int rc;
 
 	for (;;) {
-		if (!s->rx_busy && s->r_tail != s->r_head)
-			return (ssize_t)(s->r_tail - s->r_head);
+		if (!s->rx_busy && s->p.r_tail != s->p.r_head)
+			return (ssize_t)(s->p.r_tail - s->p.r_head);
 		if (!s->rx_busy && (rc = recv_end(s, keep)) <= 0)
 			return rc;
 		rc = eng_wait(s, recv_ready, deadline, nb);
@@ -1196,11 +780,11 @@ ssize_t rsk_recv(rsk_sock *s, void *buf, size_t len, int flags,
 		if (avail <= 0)
 			break;
 		while (avail > 0 && done < len) {
-			uint64_t head = s->r_head + ((flags & RSK_F_PEEK) ? done : 0);
-			uint32_t c = ring_contig_data(head, s->r_tail, s->rsize);
+			uint64_t head = s->p.r_head + ((flags & RSK_F_PEEK) ? done : 0);
+			uint32_t c = ring_contig_data(head, s->p.r_tail, s->p.rsize);
 			size_t n = len - done < c ? len - done : c;
 
-			memcpy(p + done, s->ring + ring_off(head, s->rsize), n);
+			memcpy(p + done, s->p.ring + ring_off(head, s->p.rsize), n);
 			done += n;
 			avail -= (ssize_t)n;
 			if (!(flags & RSK_F_PEEK))
@@ -1234,9 +818,9 @@ ssize_t rsk_recv_zc(rsk_sock *s, size_t len, int flags, int timeout_ms,
 		return rc;
 	avail = recv_wait(s, flags, deadline, 0);
 	if (avail > 0 && len > 0) {
-		c = ring_contig_data(s->r_head, s->r_tail, s->rsize);
+		c = ring_contig_data(s->p.r_head, s->p.r_tail, s->p.rsize);
 		avail = (ssize_t)(len < c ? len : c);
-		*ptr = s->ring + ring_off(s->r_head, s->rsize);
+		*ptr = s->p.ring + ring_off(s->p.r_head, s->p.rsize);
 		s->rx_busy = 1;
 		s->users++; /* the held head keeps the rings alive */
 	} else if (avail > 0) {
@@ -1257,14 +841,14 @@ int rsk_recv_done(rsk_sock *s, size_t n)
 	}
 	s->rx_busy = 0;
 	if (!s->closed && !s->released) {
-		if (n > s->r_tail - s->r_head)
+		if (n > s->p.r_tail - s->p.r_head)
 			rc = -EINVAL;
 		else
 			eng_consume(s, n);
 		/* a receiver that slept as fd waiter while we held the head
 		 * must look again: wake it */
 		if (s->fd_waiter && s->kind == K_CONN)
-			s->ops->kick(s->qp);
+			s->p.ops->kick(s->p.qp);
 	}
 	eng_wake(s);
 	eng_leave(s); /* drops the user taken by rsk_recv_zc */
@@ -1285,20 +869,18 @@ int rsk_shutdown(rsk_sock *s, int how)
 		rc = -ENOTCONN;
 	} else {
 		if (how != RSK_SHUT_WR) {
-			s->flags |= F_RD_SHUT;
+			s->p.flags |= F_RD_SHUT;
 			eng_wake(s);
 			if (s->fd_waiter)
-				s->ops->kick(s->qp);
+				s->p.ops->kick(s->p.qp);
 		}
-		if (how != RSK_SHUT_RD && !(s->flags & F_WR_SHUT)) {
-			s->flags |= F_WR_SHUT;
-			s->pending |= P_FIN;
+		if (how != RSK_SHUT_RD && !(s->p.flags & F_WR_SHUT)) {
 			eng_progress(s);
-			eng_flush_ctrl(s);
+			proto_shutdown_wr(&s->p);
 			/* a sender blocked in another thread fails now (EPIPE) */
-			eng_wake(s);
+			eng_wake_due(s);
 			if (s->fd_waiter)
-				s->ops->kick(s->qp);
+				s->p.ops->kick(s->p.qp);
 		}
 	}
 	eng_leave(s);
@@ -1320,10 +902,10 @@ int rsk_poll(rsk_sock *s)
 			rev |= RSK_POLLIN;
 		if (eng_writable(s))
 			rev |= RSK_POLLOUT;
-		if (s->flags & F_DEAD)
+		if (s->p.flags & F_DEAD)
 			rev |= RSK_POLLERR;
-		if ((s->flags & F_PEER_GONE) ||
-		    ((s->flags & F_PEER_FIN) && (s->flags & F_WR_SHUT)))
+		if ((s->p.flags & F_PEER_GONE) ||
+		    ((s->p.flags & F_PEER_FIN) && (s->p.flags & F_WR_SHUT)))
 			rev |= RSK_POLLHUP;
 	} else if (s->kind == K_LISTEN) {
 		struct pollfd pfd[RSK_MAX_NAMES];
@@ -1372,8 +954,8 @@ int rsk_take_error(rsk_sock *s)
 	int e;
 
 	eng_lock(s);
-	e = s->so_error;
-	s->so_error = 0;
+	e = s->p.so_error;
+	s->p.so_error = 0;
 	if (s->refused) {
 		/* the caller read the refused connect's outcome: fa's pending
 		 * error goes too, as SO_ERROR clears a TCP socket's (it still
@@ -1397,7 +979,7 @@ int rsk_stats(rsk_sock *s, struct rsk_stats *st)
 	eng_lock(s);
 	*st = s->st;
 	if (s->kind == K_CONN && !s->released)
-		st->notifies_sent = s->ops->notifies_sent(s->qp);
+		st->notifies_sent = s->p.ops->notifies_sent(s->p.qp);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }
@@ -1517,70 +1099,47 @@ int rsk_set_interest(rsk_sock *s, int events)
 int eng_attach(rsk_sock *s, struct cm_result *res)
 {
 	struct epoll_event ev = { .events = EPOLLIN };
+	struct proto_geom g = {
+		.pers = res->rs ? &proto_rsockets : &proto_rsock,
+		.area = res->area,
+		.ring = res->ring,
+		.q = res->q,
+		.peer_ring = res->peer_ring,
+		.peer_q = res->peer_q,
+		.inline_max = s->opts.inline_max,
+		.rs_tsgl = res->rs_tsgl,
+		.rs_rbuf_addr = res->rs_rbuf_addr,
+		.rs_rbuf_key = res->rs_rbuf_key,
+		.rs_sgl_addr = res->rs_sgl_addr,
+		.rs_sgl_key = res->rs_sgl_key,
+		.rs_sgl_len = res->rs_sgl_len,
+	};
 	int rc;
 
-	s->ops = res->ops;
-	s->qp = res->qp;
+	ev.data.fd = res->ops->notify_fd(res->qp);
+	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
+		return -errno;
+	ev.events = EPOLLIN | EPOLLRDHUP;
+	ev.data.fd = res->live_fd;
+	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, res->live_fd, &ev) < 0)
+		return -errno;
+	rc = proto_init(&s->p, res->ops, res->qp, &g, &s->st, s->detail,
+			sizeof(s->detail));
+	if (rc) {
+		memset(&s->p, 0, sizeof(s->p));
+		return rc;
+	}
 	s->live_fd = res->live_fd;
-	s->lctrl = res->area;
-	s->opts.ring_size = s->rsize = res->ring;
-	s->opts.qdepth = s->lq = res->q;
-	s->ring = res->area + prov_ctrl_len(s->lq);
-	s->peer_rsize = res->peer_ring;
-	s->peer_q = res->peer_q;
-	s->peer_ring_off = prov_ctrl_len(res->peer_q);
+	s->opts.ring_size = res->ring;
+	s->opts.qdepth = res->q;
 	s->laddr = res->dst;
 	s->paddr = res->src;
-	if (res->rs) {
-		/* rsockets peer: the area is the bare ring; the peer's first
-		 * buffer is in our target SGL's entry 0 */
-		s->rs_mq = calloc((size_t)s->lq + 1, sizeof(*s->rs_mq));
-		if (!s->rs_mq) {
-			errno = ENOMEM;
-			goto fail;
-		}
-		s->rs = 1;
-		s->lctrl = NULL;
-		s->ring = res->area;
-		s->rs_tsgl = res->rs_tsgl;
-		s->rs_rbuf_addr = res->rs_rbuf_addr;
-		s->rs_rbuf_key = res->rs_rbuf_key;
-		s->rs_pub = s->rsize >> 1; /* the half the handshake gave */
-		s->rs_sgl_addr = res->rs_sgl_addr;
-		s->rs_sgl_key = res->rs_sgl_key;
-		s->rs_sgl_len = res->rs_sgl_len;
-		s->rs_rsge = 1 % res->rs_sgl_len;
-		s->rs_sseq_comp = (uint16_t)res->peer_q;
-		s->rs_rseq_comp = (uint16_t)(s->lq >> 1);
-	}
-	s->r_reposted = s->lq;
-	s->r_limit_sent = s->lq;
-	s->s_limit = res->peer_q;
-	ev.data.fd = s->ops->notify_fd(s->qp);
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
-		goto fail;
-	ev.events = EPOLLIN | EPOLLRDHUP;
-	ev.data.fd = s->live_fd;
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->live_fd, &ev) < 0)
-		goto fail;
 	res->qp = NULL;
 	res->live_fd = -1;
 	eng_fork_stamp(s, 0);
 	eng_fork_own(s);
 	s->kind = K_CONN;
-	s->flags = F_CONN;
-	if (s->rs)
-		eng_flush_ctrl(s); /* publish the other half at once */
 	return 0;
-fail:
-	rc = -errno;
-	free(s->rs_mq);
-	s->rs_mq = NULL;
-	s->rs = 0;
-	s->ops = NULL;
-	s->qp = NULL;
-	s->live_fd = -1;
-	return rc;
 }
 
 /* What to dial: the local CM's rendezvous name, or (name NULL) rdma_cm. */
@@ -1689,8 +1248,8 @@ const char *rsk_provider(rsk_sock *s)
 	const char *n = "";
 
 	eng_lock(s);
-	if (s->kind == K_CONN && s->ops)
-		n = s->ops->name;
+	if (s->kind == K_CONN && s->p.ops)
+		n = s->p.ops->name;
 	pthread_mutex_unlock(&s->lock);
 	return n;
 }
@@ -1706,9 +1265,9 @@ static void eng_release(rsk_sock *s)
 		return;
 	s->released = 1;
 	eng_watch_del(s);
-	if (s->qp)
-		s->ops->destroy(s->qp);
-	s->qp = NULL;
+	if (s->p.qp)
+		s->p.ops->destroy(s->p.qp);
+	s->p.qp = NULL;
 	if (s->live_fd >= 0)
 		close(s->live_fd);
 	s->live_fd = -1;
@@ -1723,8 +1282,7 @@ static void eng_release(rsk_sock *s)
 	if (s->vl)
 		cm_verbs_listen_close(s->vl);
 	s->vl = NULL;
-	free(s->rs_mq);
-	s->rs_mq = NULL;
+	proto_free(&s->p);
 	s->xfd = -1; /* not ours */
 	close(s->epfd);
 	s->epfd = -1;
@@ -1742,24 +1300,16 @@ int rsk_close(rsk_sock *s)
 		pthread_mutex_unlock(&s->lock);
 		return 0;
 	}
-	if (s->kind == K_CONN && !(s->flags & F_DEAD) && !eng_forked(s)) {
+	if (s->kind == K_CONN && !(s->p.flags & F_DEAD) && !eng_forked(s)) {
 		eng_progress(s);
-		/* unread data makes close abortive, as with TCP */
-		if (s->r_tail != s->r_head && !(s->flags & F_DEAD) &&
-		    eng_ctrl_room(s, 0)) {
-			eng_fail(s, ECONNRESET, 1, "closed with unread data");
-		} else if (!(s->flags & F_WR_SHUT) || (s->pending & P_FIN)) {
-			s->flags |= F_WR_SHUT;
-			s->pending |= P_FIN;
-			eng_flush_ctrl(s);
-		}
+		proto_close(&s->p);
 	}
 	s->closed = 1;
 	eng_wake(s);
 	if (s->users == 0) {
 		eng_release(s);
-	} else if (s->kind == K_CONN && s->qp && !eng_forked(s)) {
-		s->ops->kick(s->qp); /* wake the thread in epoll_wait */
+	} else if (s->kind == K_CONN && s->p.qp && !eng_forked(s)) {
+		s->p.ops->kick(s->p.qp); /* wake the thread in epoll_wait */
 	} else if (s->kind == K_LISTEN && !eng_listen_shared(s)) {
 		/* wake accept: shutting the listeners down makes them readable
 		 * (not those other processes may accept from too; accept's wait

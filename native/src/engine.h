@@ -9,40 +9,9 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "proto.h"
 #include "prov.h"
 #include "rsock.h"
-
-/* imm data: 3-bit opcode, 29-bit argument (rsockets' rs_msg layout) */
-#define IMM_OP_SHIFT 29
-#define IMM_ARG_MASK ((1u << IMM_OP_SHIFT) - 1)
-#define IMM(op, arg) (((uint32_t)(op) << IMM_OP_SHIFT) | ((arg) & IMM_ARG_MASK))
-
-enum eng_op {
-	OP_DATA = 0,      /* arg = length; payload in the ring at the tail */
-	OP_CREDIT = 1,    /* ctrl slot: credits */
-	OP_FIN = 2,       /* ctrl slot: credits; no more data follows */
-	OP_RESET = 3,     /* ctrl slot: credits; abortive close */
-	OP_KEEPALIVE = 4, /* ctrl slot: credits; nothing else */
-};
-
-/* What a control message writes into the peer's ctrl slot. */
-struct eng_ctrl {
-	uint64_t consumed; /* total ring bytes the app has consumed */
-	uint32_t limit;    /* the peer may send messages with seq < limit */
-	uint32_t op;       /* copy of the opcode (checked against imm) */
-};
-_Static_assert(sizeof(struct eng_ctrl) == 16, "ctrl slot is 16 bytes");
-
-/* Message credits kept back from data: one for CREDIT, one for FIN/RESET,
- * so a credit update or a close can always be sent. */
-#define CREDIT_RESERVE 2
-
-/* Return byte credits after ring_size >> CREDIT_BYTES_SHIFT consumed bytes
- * (a half, as rsockets does: a quarter woke a sender that waits in an event
- * loop twice as often, and each such wake-up costs it more than the copy
- * it then has room for; measured: asyncio 64 KiB stream 6.7-6.9 GB/s with a
- * quarter, 7.4-8.5 with a half, sync the same either way) */
-#define CREDIT_BYTES_SHIFT 1
 
 /* After the peer's liveness channel hangs up without a FIN seen, where a
  * FIN's completion may lag behind the hang-up (prov_ops.completions_lag),
@@ -55,27 +24,6 @@ _Static_assert(sizeof(struct eng_ctrl) == 16, "ctrl slot is 16 bytes");
 /* A sender with room in the peer's ring looks at the liveness channel at
  * most this often (1 ms). */
 #define LIVE_TICK_NS 1000000ll
-
-/* Largest single data message (the receiver can consume the head of a
- * large send while its tail is still being written).  64 KiB: a 256 KiB
- * round trip takes 63-73 µs instead of 113-126 µs with 256 KiB messages
- * (the peer starts copying out after the first 64 KiB, not after all of
- * it), and streams of 1 MiB sends lose nothing. */
-#define ENG_MAX_MSG (64u * 1024)
-
-/* connection flags */
-#define F_CONN 0x01      /* handshake done, rings attached */
-#define F_WR_SHUT 0x02   /* we will send no more data (FIN queued/sent) */
-#define F_RD_SHUT 0x04   /* local shutdown(SHUT_RD) */
-#define F_PEER_FIN 0x08  /* the peer sent FIN */
-#define F_PEER_GONE 0x10 /* the peer's liveness channel closed */
-#define F_DEAD 0x20      /* QP unusable: error or reset */
-#define F_SENT_LATE 0x40 /* a send went to a peer already closed (dropped) */
-
-/* pending control messages */
-#define P_CREDIT 0x1
-#define P_FIN 0x2
-#define P_RESET 0x4
 
 enum rsk_kind { K_NEW = 0, K_LISTEN, K_CONN };
 
@@ -122,8 +70,6 @@ struct rsk_sock {
 	unsigned fork_gen;  /* eng_fork_gen/eng_fork_pgen when connected: a */
 	unsigned fork_pgen; /* connection that crossed a fork is shared */
 	uint32_t creator;   /* pid that connected/accepted it */
-	int err;    /* sticky connection error (positive errno) */
-	int so_error;
 	struct rsk_opts opts;
 	char detail[160];
 
@@ -137,41 +83,16 @@ struct rsk_sock {
 	struct eng_pend *pend; /* RSK_MAX_PEND, allocated by rsk_listen */
 	int npend;
 
-	/* connection */
-	const struct prov_ops *ops;
-	struct prov_qp *qp;
+	/* connection: the protocol's state (proto.h), its provider (p.ops,
+	 * p.qp) and what the engine adds around it */
+	struct proto p;
 	int live_fd;
 	int64_t live_next; /* next liveness look of a sender (eng_live_tick) */
 	int64_t hup_at; /* the CM reported the peer's end with no FIN seen:
 			 * a reset unless a FIN arrives by hup_at (0: no) */
-	unsigned flags;
-	unsigned pending;
-	uint8_t *lctrl;
-	uint8_t *ring;
-	uint32_t rsize;
-	uint32_t lq;
-	uint32_t peer_rsize;
-	uint32_t peer_q;
-	uint64_t peer_ring_off;
 	struct rsk_addr laddr; /* as the connection manager saw them */
 	struct rsk_addr paddr;
-
-	/* receive side */
-	uint64_t r_head;     /* consumed by the app */
-	uint64_t r_tail;     /* written by the peer (completed) */
-	uint64_t r_credited; /* r_head last told to the peer */
-	uint32_t r_msgs;     /* messages received (ctrl slot index) */
-	uint32_t r_reposted; /* receives posted in total */
-	uint32_t r_limit_sent;
 	int rx_busy; /* a zero-copy receive holds the head */
-
-	/* send side */
-	uint64_t s_tail;  /* bytes written into the peer's ring */
-	uint64_t s_acked; /* bytes the peer's app consumed */
-	uint32_t s_msgs;  /* messages sent (any op) */
-	uint32_t s_limit; /* may send seq < s_limit */
-	uint32_t s_unsignaled;
-	uint32_t sq_out;
 
 	struct rsk_stats st;
 
@@ -189,36 +110,7 @@ struct rsk_sock {
 		     * (taken and dropped under s->lock; the table's own lock
 		     * comes after it) */
 
-	/* rsockets personality (librdmacm's stream protocol, verbs only; see
-	 * PROTOCOL.md section 9): set when the peer speaks it */
-	int rs;
-	struct rs_sge *rs_tsgl;   /* ours, registered: the peer writes SGEs */
-	int rs_tsge;              /* the entry we send into */
-	uint64_t rs_rbuf_addr;    /* our ring as the peer addresses it */
-	uint32_t rs_rbuf_key;
-	uint64_t rs_pub;          /* the peer may write below this position */
-	uint64_t rs_sgl_addr;     /* the peer's target SGL (we publish to) */
-	uint32_t rs_sgl_key, rs_sgl_len, rs_rsge;
-	uint16_t rs_sseq_no, rs_sseq_comp, rs_rseq_no, rs_rseq_comp;
-	uint64_t *rs_mq;          /* ends of unconsumed data messages */
-	uint32_t rs_mq_head, rs_mq_n;
 };
-
-/* librdmacm's struct rs_sge (host byte order) */
-struct rs_sge {
-	uint64_t addr;
-	uint32_t key;
-	uint32_t length;
-};
-
-/* rsockets opcodes (imm >> 29) and control arguments */
-#define RS_OP_DATA 0
-#define RS_OP_SGL 4
-#define RS_OP_IOMAP_SGL 6
-#define RS_OP_CTRL 7
-#define RS_CTRL_DISCONNECT 0
-#define RS_CTRL_KEEPALIVE 1
-#define RS_CTRL_SHUTDOWN 2
 
 /* What a connection manager hands the engine. */
 struct cm_result {
@@ -306,9 +198,6 @@ void eng_sig_block_all(sigset_t *old);
 int eng_forked(const rsk_sock *s);
 int eng_owned(rsk_sock *s);
 int eng_unclaimed(rsk_sock *s);
-/* Message credits we hold; rsockets: bytes the peer's ring can take. */
-uint32_t eng_credits(const rsk_sock *s);
-uint32_t rs_send_room(const rsk_sock *s);
 /* Take in completions and control messages (s->lock held). */
 int eng_progress(rsk_sock *s);
 /* The liveness fd fired: look whether the peer is gone. */

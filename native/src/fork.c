@@ -105,7 +105,7 @@ int eng_forked(const rsk_sock *s)
 /* Has this process already claimed a connection that crossed a fork? */
 int eng_owned(rsk_sock *s)
 {
-	uint32_t o = __atomic_load_n(s->ops->owner_word(s->qp),
+	uint32_t o = __atomic_load_n(s->p.ops->owner_word(s->p.qp),
 				     __ATOMIC_ACQUIRE);
 
 	return o == (eng_pid == s->creator ? (s->creator | OWNER_USED)
@@ -115,7 +115,7 @@ int eng_owned(rsk_sock *s)
 /* Has nobody used a connection that crossed a fork since the fork? */
 int eng_unclaimed(rsk_sock *s)
 {
-	return __atomic_load_n(s->ops->owner_word(s->qp), __ATOMIC_ACQUIRE) ==
+	return __atomic_load_n(s->p.ops->owner_word(s->p.qp), __ATOMIC_ACQUIRE) ==
 	       s->creator;
 }
 
@@ -128,7 +128,7 @@ int eng_unclaimed(rsk_sock *s)
  */
 int eng_claim(rsk_sock *s)
 {
-	uint32_t *w = s->ops->owner_word(s->qp);
+	uint32_t *w = s->p.ops->owner_word(s->p.qp);
 	uint32_t o = __atomic_load_n(w, __ATOMIC_ACQUIRE);
 	uint32_t want;
 
@@ -165,6 +165,6 @@ void eng_fork_stamp(rsk_sock *s, int lock_too)
 void eng_fork_own(rsk_sock *s)
 {
 	s->creator = eng_pid;
-	__atomic_store_n(s->ops->owner_word(s->qp), eng_pid, __ATOMIC_RELEASE);
+	__atomic_store_n(s->p.ops->owner_word(s->p.qp), eng_pid, __ATOMIC_RELEASE);
 }
 

@@ -31,20 +31,14 @@ int eng_readable(const rsk_sock *s)
 {
 	if (s->kind != K_CONN)
 		return 0;
-	return s->r_tail != s->r_head ||
-	       (s->flags & (F_PEER_FIN | F_PEER_GONE | F_DEAD | F_RD_SHUT));
+	return proto_readable(&s->p);
 }
 
 int eng_writable(const rsk_sock *s)
 {
 	if (s->kind != K_CONN)
 		return 0;
-	if (s->flags & (F_DEAD | F_PEER_GONE | F_WR_SHUT))
-		return 1; /* a send would not block: it fails */
-	if (s->rs)
-		return rs_send_room(s) > 0;
-	return ring_space(s->s_acked, s->s_tail, s->peer_rsize) > 0 &&
-	       eng_credits(s) > CREDIT_RESERVE;
+	return proto_writable(&s->p);
 }
 
 /* What watch mode shows as readability of the fd. */
@@ -52,7 +46,7 @@ int eng_fd_ready(const rsk_sock *s)
 {
 	return ((s->interest & RSK_POLLIN) && eng_readable(s)) ||
 	       ((s->interest & RSK_POLLOUT) && eng_writable(s)) ||
-	       (s->flags & (F_DEAD | F_PEER_GONE));
+	       (s->p.flags & (F_DEAD | F_PEER_GONE));
 }
 
 /* ------------------------------------------------------- fd readiness */
@@ -123,7 +117,7 @@ void eng_sync_pair(rsk_sock *s)
 
 	if (s->fb < 0)
 		return; /* reset: fa is final (below) */
-	if ((s->flags & F_DEAD) && s->err) {
+	if ((s->p.flags & F_DEAD) && s->p.err) {
 		/* A reset: fa shows it as a reset TCP socket does, POLLERR and
 		 * POLLHUP besides POLLIN and POLLOUT, for good.  Closing fb with
 		 * the filler still queued in it gives fa ECONNRESET as its
@@ -182,7 +176,7 @@ static void eng_watch_event(rsk_sock *s, int live)
 		 * fa turns readable ("come and look", without driving it), or
 		 * the edge would be lost and a parent that polls it would
 		 * never wake (its first call then claims it and reads). */
-		if (eng_unclaimed(s) && (live || s->ops->cq_pending(s->qp)))
+		if (eng_unclaimed(s) && (live || s->p.ops->cq_pending(s->p.qp)))
 			eng_fd_token(s);
 		return;
 	}
@@ -193,7 +187,7 @@ static void eng_watch_event(rsk_sock *s, int live)
 	 * that must stay (or a sleeper in eng_wait owns the notify fd) */
 	if (!s->fd_waiter &&
 	    !(s->kicked && (s->watch & RSK_WATCH_NOTIFY) && eng_fd_ready(s))) {
-		s->ops->ack(s->qp);
+		s->p.ops->ack(s->p.qp);
 		s->kicked = 0;
 	}
 	eng_sync_fd(s);
@@ -294,13 +288,13 @@ int eng_watch_add(rsk_sock *s)
 		eng_w.cap = cap;
 	}
 	d = (uint64_t)eng_w.slot[i].gen << 32 | (uint64_t)i << 1;
-	rc = eng_watch_fd(EPOLL_CTL_ADD, s->ops->notify_fd(s->qp),
+	rc = eng_watch_fd(EPOLL_CTL_ADD, s->p.ops->notify_fd(s->p.qp),
 			  EPOLLIN | EPOLLET, d);
-	if (!rc && !(s->flags & F_PEER_GONE))
+	if (!rc && !(s->p.flags & F_PEER_GONE))
 		rc = eng_watch_fd(EPOLL_CTL_ADD, s->live_fd,
 				  EPOLLIN | EPOLLRDHUP | EPOLLET, d | 1);
 	if (rc) {
-		eng_watch_fd(EPOLL_CTL_DEL, s->ops->notify_fd(s->qp), 0, 0);
+		eng_watch_fd(EPOLL_CTL_DEL, s->p.ops->notify_fd(s->p.qp), 0, 0);
 		goto out;
 	}
 	eng_w.slot[i].s = s;
@@ -317,7 +311,7 @@ void eng_watch_del(rsk_sock *s)
 		return;
 	pthread_mutex_lock(&eng_w.lock);
 	if (eng_w.epfd >= 0) {
-		eng_watch_fd(EPOLL_CTL_DEL, s->ops->notify_fd(s->qp), 0, 0);
+		eng_watch_fd(EPOLL_CTL_DEL, s->p.ops->notify_fd(s->p.qp), 0, 0);
 		eng_watch_fd(EPOLL_CTL_DEL, s->live_fd, 0, 0);
 	}
 	eng_w.slot[s->wslot].s = NULL;
@@ -371,7 +365,7 @@ int eng_want_wake(const rsk_sock *s)
 		return 1;
 	return (s->watch & RSK_WATCH_FD) &&
 	       !(eng_readable(s) && eng_writable(s)) &&
-	       !(s->flags & (F_DEAD | F_PEER_GONE));
+	       !(s->p.flags & (F_DEAD | F_PEER_GONE));
 }
 
 /*
@@ -396,18 +390,18 @@ void eng_sync_fd(rsk_sock *s)
 		if ((s->watch & RSK_WATCH_NOTIFY) && !s->fd_waiter) {
 			if (eng_fd_ready(s)) {
 				if (!s->kicked) {
-					s->ops->kick(s->qp);
+					s->p.ops->kick(s->p.qp);
 					s->kicked = 1;
 				}
-			} else if (s->kicked || !s->ops->armed(s->qp)) {
-				s->ops->ack(s->qp);
+			} else if (s->kicked || !s->p.ops->armed(s->p.qp)) {
+				s->p.ops->ack(s->p.qp);
 				s->kicked = 0;
 			}
 		}
 		if (!eng_want_wake(s) || s->fd_waiter ||
-		    s->ops->armed(s->qp))
+		    s->p.ops->armed(s->p.qp))
 			return;
-		s->ops->arm(s->qp);
+		s->p.ops->arm(s->p.qp);
 		s->st.arms++;
 		if (!eng_progress(s))
 			return;

@@ -186,7 +186,7 @@ static void stream_check(uint32_t ring, uint32_t q, uint64_t total,
 	CHECK_EQ(got, total);
 	/* credits came back up to the return threshold */
 	rsk_poll(b);
-	CHECK(b->s_tail - b->s_acked < ring >> CREDIT_BYTES_SHIFT);
+	CHECK(b->p.s_tail - b->p.s_acked < ring >> CREDIT_BYTES_SHIFT);
 	rsk_free(a);
 	rsk_free(b);
 }
@@ -318,20 +318,20 @@ static void t_ctrl_reserve(void)
 	for (i = 0; i < 16 - CREDIT_RESERVE; i++)
 		CHECK_EQ(rsk_send(a, &c, 1, 0, 0), 1);
 	CHECK_EQ(rsk_send(a, &c, 1, 0, 0), -EAGAIN);
-	CHECK_EQ(a->s_limit - a->s_msgs, CREDIT_RESERVE);
+	CHECK_EQ(a->p.s_limit - a->p.s_msgs, CREDIT_RESERVE);
 	/* consuming more than half of a's ring makes a credit due: it
 	 * goes out on the reserve although data may not */
 	ctrl0 = a->st.tx_ctrl;
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), sizeof(buf));
 	CHECK_EQ(a->st.tx_ctrl, ctrl0 + 1);
-	CHECK_EQ(a->s_limit - a->s_msgs, 1);
+	CHECK_EQ(a->p.s_limit - a->p.s_msgs, 1);
 	/* and the last slot carries the FIN */
 	CHECK_EQ(rsk_shutdown(a, RSK_SHUT_WR), 0);
-	CHECK_EQ(a->s_limit - a->s_msgs, 0);
+	CHECK_EQ(a->p.s_limit - a->p.s_msgs, 0);
 	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), RSK_F_WAITALL, 2000), 16 - CREDIT_RESERVE);
 	r = rsk_recv(b, buf, sizeof(buf), 0, 2000);
 	CHECK_EQ(r, 0);
-	CHECK(b->s_acked >= sizeof(big) - 16);
+	CHECK(b->p.s_acked >= sizeof(big) - 16);
 	rsk_free(a);
 	rsk_free(b);
 }
@@ -388,9 +388,9 @@ static int raw_post(rsk_sock *b, uint32_t imm, const void *p, size_t len,
 		    uint64_t roff)
 {
 	struct iovec iov = { .iov_base = (void *)p, .iov_len = len };
-	int rc = b->ops->post_write_imm(b->qp, &iov, 1, roff, imm, 0, 0);
+	int rc = b->p.ops->post_write_imm(b->p.qp, &iov, 1, roff, imm, 0, 0);
 
-	b->s_msgs++;
+	b->p.s_msgs++;
 	return rc;
 }
 
@@ -472,8 +472,8 @@ static void t_random_hostile_peer(void)
 			len = (x >> 8) % 3 == 0 ? (x >> 12) % 1024 : (op ? 16 : 64);
 			x = x * 1103515245 + 12345;
 			imm = (x >> 8) % 4 == 0 ? x : IMM(op, op ? 0 : len);
-			roff = op ? (uint64_t)(b->s_msgs % 16) * 16
-				  : prov_ctrl_len(16) + (b->s_tail & ((1 << 14) - 1));
+			roff = op ? (uint64_t)(b->p.s_msgs % 16) * 16
+				  : prov_ctrl_len(16) + (b->p.s_tail & ((1 << 14) - 1));
 			if ((x >> 20) % 5 == 0)
 				roff = (x >> 3) % area;
 			if (op && (x >> 24) % 2) {
@@ -486,7 +486,7 @@ static void t_random_hostile_peer(void)
 				len = (uint32_t)(area - roff);
 			rc = raw_post(b, imm, junk, len, roff);
 			if (op == 0 && rc == 0)
-				b->s_tail += len;
+				b->p.s_tail += len;
 		}
 		for (k = 0; k < 4; k++) {
 			ssize_t r = rsk_recv(a, buf, sizeof(buf), 0, 0);
