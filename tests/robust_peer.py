@@ -89,6 +89,18 @@ def thread_count(pid: int | str = "self") -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+def thread_names(pid: int | str = "self") -> list[str]:
+    """The names of a process's threads (to tell which one a leak is)."""
+    names = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            pass  # it ended meanwhile
+    return sorted(names)
+
+
 def status_kib(field: str, pid: int | str = "self") -> int:
     """A ``kB`` field of /proc/PID/status (VmRSS, RssAnon, RssShmem, ...)."""
     with open(f"/proc/{pid}/status") as f:
@@ -125,7 +137,7 @@ class Snapshot:
         if other.maps > self.maps:
             out.append(f"rsock mappings {self.maps} -> {other.maps}")
         if other.threads > self.threads:
-            out.append(f"threads {self.threads} -> {other.threads}")
+            out.append(f"threads {self.threads} -> {other.threads}: {thread_names()}")
         return out
 
 

@@ -1,18 +1,14 @@
 // SPDX-License-Identifier: MIT
 /*
- * engine.c - the rsock stream protocol over an RC-queue-pair provider.
+ * engine.c - the API calls on a connection: send, receive, wait, poll,
+ * shutdown, connect, options, watch mode; and the one wait loop they all
+ * sleep in (eng_wait).
  *
- * Invariants (see native/PROTOCOL.md for the wire side):
- *   - ring bytes [r_head, r_tail) are data the peer wrote and the app has
- *     not consumed; the peer never writes there because it only learns of
- *     free space through our credits (consumed = r_head);
- *   - the sender may write at most peer_rsize - (s_tail - s_acked) bytes
- *     and send message seq k only while k < s_limit; data keeps
- *     CREDIT_RESERVE message credits back for control messages;
- *   - every value taken from the peer (imm, byte_len, ctrl slot) is checked
- *     before use; a violation kills the connection (ECONNRESET + detail)
- *     and nothing outside our rings is ever touched;
- *   - a thread sleeps only after arm -> re-poll found nothing.
+ * Every call holds the socket's lock (eng_enter/eng_leave, sock.c) around
+ * the protocol (proto.c, sans I/O) and runs the provider's completions
+ * through it (eng_progress, progress.c) before it decides.  A thread
+ * sleeps only after arm -> re-poll found nothing, and never with the lock
+ * held; a signal ends any sleep (signals.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,203 +30,10 @@
 #include "engine.h"
 #include "ring.h"
 
-#define WC_BATCH 32
-
-/* ------------------------------------------------------------ signals */
-
-/*
- * Python runs a signal's handler in the main thread, between bytecodes: a
- * call blocked in C must return (-EINTR) for it to run.  The kernel gives
- * a process's signal to the main thread unless it blocks it, and a signal
- * ends a sleeping syscall with EINTR, so every sleep here is one that a
- * signal interrupts (epoll_wait, a futex; never a condition variable).
- * What no syscall sees is a signal handled while the thread runs in user
- * space, as it does while it spins: Python's C handler only takes note.
- * For that, rsock gives Python a wakeup fd (signal.set_wakeup_fd; the
- * handler writes the signal's number into it): the main thread looks at
- * it while it spins (every SPIN_SIG_LOOK_NS, and before it sleeps) and
- * sleeps in poll() on it beside the socket's epoll fd.
- */
-
-/* A spin longer than this looks at the wakeup fd this often. */
+/* A spin longer than this looks at Python's wakeup fd this often
+ * (signals.c). */
 #define SPIN_SIG_LOOK_NS 5000000ll
 
-static int eng_sigfd = -1; /* read end of Python's wakeup fd, or -1 */
-static __thread int eng_main_tls = -1; /* is this the main thread? */
-
-void eng_signals_child(void)
-{
-	eng_main_tls = -1; /* the forking thread is the child's main thread */
-	__atomic_store_n(&eng_sigfd, -1, __ATOMIC_RELEASE); /* the parent's */
-}
-
-int rsk_set_signal_fd(int fd)
-{
-	if (fd < -1)
-		return -EINVAL;
-	__atomic_store_n(&eng_sigfd, fd, __ATOMIC_RELEASE);
-	return 0;
-}
-
-static int eng_is_main(void)
-{
-	if (eng_main_tls < 0)
-		eng_main_tls = syscall(SYS_gettid) == getpid();
-	return eng_main_tls;
-}
-
-/* The wakeup fd of this (main) thread, or -1. */
-static int eng_my_sigfd(void)
-{
-	int fd = __atomic_load_n(&eng_sigfd, __ATOMIC_ACQUIRE);
-
-	return fd >= 0 && eng_is_main() ? fd : -1;
-}
-
-/* Did a signal come (a byte in the wakeup fd)?  Drains it. */
-static int eng_sig_came(int sigfd)
-{
-	char b[64];
-	int came = 0;
-
-	if (sigfd < 0)
-		return 0;
-	while (read(sigfd, b, sizeof(b)) > 0)
-		came = 1;
-	return came;
-}
-
-/* The watcher thread blocks every asynchronous signal (not those a fault
- * raises), so that a process's signals go to the program's threads. */
-void eng_sig_block_all(sigset_t *old)
-{
-	sigset_t all;
-
-	sigfillset(&all);
-	sigdelset(&all, SIGSEGV);
-	sigdelset(&all, SIGBUS);
-	sigdelset(&all, SIGFPE);
-	sigdelset(&all, SIGILL);
-	sigdelset(&all, SIGTRAP);
-	sigdelset(&all, SIGABRT);
-	pthread_sigmask(SIG_BLOCK, &all, old);
-}
-
-/* ------------------------------------------------------------- options */
-
-void rsk_opts_default(struct rsk_opts *o)
-{
-	/* 8 MiB: measured (interleaved A/B, README "Where the time goes"),
-	 * 64 KiB streams are 13-23% faster than with 4 MiB, 2 and 16 MiB are
-	 * slower; likely because a credit batch (half the ring) then exceeds
-	 * the 2 MiB L2, so the receiver copies out of L3 rather than out of
-	 * the other core's L2.  Rings are touched lazily.  (rsock.socket keeps
-	 * 4 MiB for a verbs connection: registered memory is pinned.) */
-	o->ring_size = 8u << 20;
-	o->qdepth = 256;
-	o->inline_max = 256;
-	o->spin_us = 50;
-}
-
-int rsk_opts_check(struct rsk_opts *o)
-{
-	uint32_t r;
-
-	if (o->ring_size < RSK_RING_MIN || o->ring_size > RSK_RING_MAX)
-		return -EINVAL;
-	r = ring_roundup_pow2(o->ring_size);
-	if (!r || r > RSK_RING_MAX)
-		return -EINVAL;
-	o->ring_size = r;
-	if (o->qdepth < RSK_QDEPTH_MIN || o->qdepth > RSK_QDEPTH_MAX)
-		return -EINVAL;
-	if (o->spin_us > RSK_SPIN_MAX_US)
-		return -EINVAL;
-	return 0;
-}
-
-/* -------------------------------------------------------------- basics */
-
-void eng_set_detail(rsk_sock *s, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(s->detail, sizeof(s->detail), fmt, ap);
-	va_end(ap);
-}
-
-int rsk_socket(rsk_sock **out)
-{
-	rsk_sock *s;
-	int fab[2];
-
-	eng_fork_init();
-	s = calloc(1, sizeof(*s));
-	if (!s)
-		return -ENOMEM;
-	eng_fork_stamp(s, 1);
-	s->epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (s->epfd < 0) {
-		int rc = -errno;
-
-		free(s);
-		return rc;
-	}
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
-		       fab) < 0) {
-		int rc = -errno;
-
-		close(s->epfd);
-		free(s);
-		return rc;
-	}
-	s->fa = fab[0];
-	s->fb = fab[1];
-	s->wslot = -1;
-	eng_fd_init(s);
-	pthread_mutex_init(&s->lock, NULL);
-	s->live_fd = -1;
-	s->xfd = -1;
-	s->interest = RSK_POLLIN;
-	rsk_opts_default(&s->opts);
-	*out = s;
-	return 0;
-}
-
-/* Enter an API call: lock, refuse closed sockets, count the user. */
-int eng_enter(rsk_sock *s)
-{
-	eng_lock(s);
-	if (s->closed) {
-		pthread_mutex_unlock(&s->lock);
-		return -EBADF;
-	}
-	if (eng_forked(s) && !eng_claim(s)) {
-		eng_set_detail(s, "connection in use by process %u (fork)",
-			       *s->p.ops->owner_word(s->p.qp));
-		pthread_mutex_unlock(&s->lock);
-		return -EBADF;
-	}
-	s->users++;
-	return 0;
-}
-
-static void eng_release(rsk_sock *s);
-
-void eng_leave(rsk_sock *s)
-{
-	if (!s->closed)
-		eng_sync_fd(s);
-	if (--s->users == 0 && s->closed)
-		eng_release(s);
-	pthread_mutex_unlock(&s->lock);
-}
-
-int rsk_fileno(rsk_sock *s)
-{
-	return s->fa;
-}
 
 int rsk_notify_fds(rsk_sock *s, int *notify_fd, int *live_fd)
 {
@@ -294,155 +97,6 @@ int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o)
 	return rc;
 }
 
-/* ---------------------------------------------------- failure handling */
-
-/* Wake the threads that sleep on s if the protocol changed something they
- * wait for (proto.wake). */
-static void eng_wake_due(rsk_sock *s)
-{
-	if (s->p.wake) {
-		s->p.wake = 0;
-		eng_wake(s);
-	}
-}
-
-/* The connection is unusable from now on; tell the peer if we can. */
-#define eng_fail(s, ...)                             \
-	do {                                         \
-		proto_fail(&(s)->p, __VA_ARGS__);    \
-		eng_wake_due(s);                     \
-	} while (0)
-
-/* The peer is gone: stop watching its liveness channel. */
-static void eng_set_gone(rsk_sock *s)
-{
-	s->p.flags |= F_PEER_GONE;
-	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
-	eng_wake(s);
-}
-
-/* Reap and handle completions, then send due control messages.
- * Returns the number of completions handled. */
-int eng_progress(rsk_sock *s)
-{
-	struct prov_wc wc[WC_BATCH];
-	int n, i, total = 0;
-
-	if (s->kind != K_CONN || (s->p.flags & F_DEAD))
-		return 0;
-	do {
-		n = s->p.ops->poll_cq(s->p.qp, wc, WC_BATCH);
-		s->st.cq_polls++;
-		for (i = 0; i < n && !(s->p.flags & F_DEAD); i++)
-			if (proto_complete(&s->p, &wc[i], s->hup_at != 0))
-				eng_set_gone(s);
-		total += n;
-	} while (n == WC_BATCH && !(s->p.flags & F_DEAD));
-	s->st.completions += (uint64_t)total;
-	proto_flush(&s->p);
-	if (total)
-		s->p.wake = 1;
-	eng_wake_due(s);
-	return total;
-}
-
-/* ------------------------------------------------------------ liveness */
-
-/* The CM said the peer is gone but no FIN was seen, where a completion may
- * lag behind the CM (an HCA's may: another path).  1 while the end is not
- * known yet: the provider fences the stream (a flushed receive then
- * follows whatever the peer delivered, and eng_progress ends the
- * connection when it sees one) and makes the liveness fd readable again
- * at hup_at, so that whoever watches it (eng_wait, the watcher thread, an
- * event loop) looks again then.  Nobody sleeps, and the socket's lock is
- * free meanwhile.  Not on shm: whatever the peer wrote (a FIN included) is
- * in our CQ ring before its liveness socket can close, so one poll sees it.
- * A provider that cannot fence (shm's delay fault) gets a bounded wait. */
-static int eng_hup_grace(rsk_sock *s)
-{
-	int64_t now = eng_now_ns();
-
-	if (s->hup_at)
-		return now < s->hup_at;
-	s->hup_at = now + LIVE_GRACE_NS;
-	if (s->p.ops->hup_fence && s->p.ops->hup_fence(s->p.qp, LIVE_GRACE_NS) == 0)
-		return 1;
-	while (!(s->p.flags & (F_PEER_FIN | F_DEAD)) &&
-	       eng_now_ns() < s->hup_at) {
-		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
-		eng_progress(s);
-	}
-	return 0;
-}
-
-/* The liveness channel fired: closed (peer gone) or a protocol error. */
-static void eng_check_live(rsk_sock *s)
-{
-	char b, why[sizeof(s->detail)];
-	ssize_t n;
-
-	if (s->live_fd < 0 || (s->p.flags & F_PEER_GONE))
-		return;
-	if (s->p.ops->live_event) {
-		/* the provider's CM says (it has no reject messages) */
-		if (!s->p.ops->live_event(s->p.qp))
-			return;
-		n = 0;
-	} else {
-		n = recv(s->live_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
-		if (n < 0 && (errno == EAGAIN || errno == EINTR))
-			return;
-	}
-	/* gone: take in whatever it wrote before dying, then stop watching */
-	eng_progress(s);
-	if ((s->p.flags & F_PEER_GONE) ||
-	    (!(s->p.flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
-	     s->p.ops->completions_lag && s->p.ops->completions_lag(s->p.qp) &&
-	     eng_hup_grace(s)))
-		return; /* (ended by a fenced flush meanwhile, or not yet) */
-	eng_set_gone(s);
-	if (n > 0 && cm_read_reject(s->live_fd, why, sizeof(why)) == 0)
-		eng_fail(s, ECONNRESET, 0, "%s", why);
-	else if (n > 0)
-		eng_fail(s, ECONNRESET, 1,
-			 "protocol violation: data on the liveness channel");
-	else if (!(s->p.flags & F_PEER_FIN) && !(s->p.flags & F_DEAD))
-		eng_fail(s, ECONNRESET, 0, "peer vanished without closing");
-}
-
-/* Non-blocking look at the liveness channel; 1 if the peer is gone. */
-int eng_poll_live(rsk_sock *s)
-{
-	struct pollfd p;
-
-	if (s->kind != K_CONN || s->live_fd < 0)
-		return 0;
-	if (s->p.flags & F_PEER_GONE)
-		return 1;
-	p = (struct pollfd){ .fd = s->live_fd, .events = POLLIN | POLLRDHUP };
-	if (poll(&p, 1, 0) <= 0)
-		return 0;
-	eng_check_live(s);
-	return (s->p.flags & F_PEER_GONE) != 0;
-}
-
-/* A send into a ring with room never waits, so it would never learn that
- * the peer died: look at the liveness channel at most every LIVE_TICK_NS
- * (a clock read per call; a syscall per tick), as a TCP sender learns of
- * a reset when the peer's RST arrives. */
-static void eng_live_tick(rsk_sock *s)
-{
-	int64_t now;
-
-	if (s->kind != K_CONN || s->live_fd < 0 || (s->p.flags & F_PEER_GONE))
-		return;
-	now = eng_now_ns();
-	if (now < s->live_next)
-		return;
-	s->live_next = now + LIVE_TICK_NS;
-	eng_poll_live(s);
-}
-
 /* Watch mode: no notification can be pending on our notify fd (we are
  * armed and have not kicked it), so if the fd looked readable, the
  * liveness channel did it. */
@@ -455,20 +109,6 @@ static int eng_quiet(rsk_sock *s)
 
 typedef int (*eng_pred)(const rsk_sock *s);
 
-/*
- * A thread that waits while another sleeps on the fd sleeps on a futex
- * (s->cseq), not a condition variable, so that a signal ends its sleep
- * (see "signals" at the top: the caller returns -EINTR, Python runs the
- * handler and, PEP 475, calls again with the deadline it had).
- */
-void eng_wake(rsk_sock *s)
-{
-	if (s->cwaiters) {
-		s->cseq++;
-		syscall(SYS_futex, &s->cseq, FUTEX_WAKE_PRIVATE, INT_MAX,
-			NULL, NULL, 0);
-	}
-}
 
 /* epoll_wait, and (sigfd >= 0) a signal's byte in sigfd ends it with
  * EINTR (drained) */
@@ -969,10 +609,6 @@ int rsk_take_error(rsk_sock *s)
 	return e;
 }
 
-const char *rsk_detail(rsk_sock *s)
-{
-	return s->detail;
-}
 
 int rsk_stats(rsk_sock *s, struct rsk_stats *st)
 {
@@ -1051,33 +687,6 @@ int rsk_set_refused(rsk_sock *s)
 	return rc;
 }
 
-/* After rsk_set_refused, the next connect or listen needs a live fa: a new
- * socketpair, its first end moved onto fa's number.  (Pollers that
- * registered the old fa lose it, as its file is gone.) */
-int eng_fd_renew(rsk_sock *s)
-{
-	int fab[2];
-
-	if (!s->refused)
-		return 0;
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
-		       fab) < 0)
-		return -errno;
-	if (dup3(fab[0], s->fa, O_CLOEXEC) < 0) {
-		int rc = -errno;
-
-		close(fab[0]);
-		close(fab[1]);
-		return rc;
-	}
-	close(fab[0]);
-	s->fb = fab[1];
-	s->tok = 0;
-	s->filled = 0;
-	s->refused = 0;
-	eng_fd_init(s);
-	return 0;
-}
 
 int rsk_set_interest(rsk_sock *s, int events)
 {
@@ -1096,51 +705,6 @@ int rsk_set_interest(rsk_sock *s, int events)
 
 /* ---------------------------------------------------- connection setup */
 
-int eng_attach(rsk_sock *s, struct cm_result *res)
-{
-	struct epoll_event ev = { .events = EPOLLIN };
-	struct proto_geom g = {
-		.pers = res->rs ? &proto_rsockets : &proto_rsock,
-		.area = res->area,
-		.ring = res->ring,
-		.q = res->q,
-		.peer_ring = res->peer_ring,
-		.peer_q = res->peer_q,
-		.inline_max = s->opts.inline_max,
-		.rs_tsgl = res->rs_tsgl,
-		.rs_rbuf_addr = res->rs_rbuf_addr,
-		.rs_rbuf_key = res->rs_rbuf_key,
-		.rs_sgl_addr = res->rs_sgl_addr,
-		.rs_sgl_key = res->rs_sgl_key,
-		.rs_sgl_len = res->rs_sgl_len,
-	};
-	int rc;
-
-	ev.data.fd = res->ops->notify_fd(res->qp);
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
-		return -errno;
-	ev.events = EPOLLIN | EPOLLRDHUP;
-	ev.data.fd = res->live_fd;
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, res->live_fd, &ev) < 0)
-		return -errno;
-	rc = proto_init(&s->p, res->ops, res->qp, &g, &s->st, s->detail,
-			sizeof(s->detail));
-	if (rc) {
-		memset(&s->p, 0, sizeof(s->p));
-		return rc;
-	}
-	s->live_fd = res->live_fd;
-	s->opts.ring_size = res->ring;
-	s->opts.qdepth = res->q;
-	s->laddr = res->dst;
-	s->paddr = res->src;
-	res->qp = NULL;
-	res->live_fd = -1;
-	eng_fork_stamp(s, 0);
-	eng_fork_own(s);
-	s->kind = K_CONN;
-	return 0;
-}
 
 /* What to dial: the local CM's rendezvous name, or (name NULL) rdma_cm. */
 struct eng_dial {
@@ -1254,89 +818,3 @@ const char *rsk_provider(rsk_sock *s)
 	return n;
 }
 
-/* ---------------------------------------------------------------- close */
-
-/* Frees rings and fds; s->lock held, no user left. */
-static void eng_release(rsk_sock *s)
-{
-	int i;
-
-	if (s->released)
-		return;
-	s->released = 1;
-	eng_watch_del(s);
-	if (s->p.qp)
-		s->p.ops->destroy(s->p.qp);
-	s->p.qp = NULL;
-	if (s->live_fd >= 0)
-		close(s->live_fd);
-	s->live_fd = -1;
-	for (i = 0; i < s->nlfd; i++)
-		close(s->lfd[i]);
-	s->nlfd = 0;
-	for (i = 0; i < s->npend; i++)
-		close(s->pend[i].fd);
-	s->npend = 0;
-	free(s->pend);
-	s->pend = NULL;
-	if (s->vl)
-		cm_verbs_listen_close(s->vl);
-	s->vl = NULL;
-	proto_free(&s->p);
-	s->xfd = -1; /* not ours */
-	close(s->epfd);
-	s->epfd = -1;
-	close(s->fa);
-	s->fa = -1;
-	if (s->fb >= 0)
-		close(s->fb);
-	s->fb = -1;
-}
-
-int rsk_close(rsk_sock *s)
-{
-	eng_lock(s);
-	if (s->closed) {
-		pthread_mutex_unlock(&s->lock);
-		return 0;
-	}
-	if (s->kind == K_CONN && !(s->p.flags & F_DEAD) && !eng_forked(s)) {
-		eng_progress(s);
-		proto_close(&s->p);
-	}
-	s->closed = 1;
-	eng_wake(s);
-	if (s->users == 0) {
-		eng_release(s);
-	} else if (s->kind == K_CONN && s->p.qp && !eng_forked(s)) {
-		s->p.ops->kick(s->p.qp); /* wake the thread in epoll_wait */
-	} else if (s->kind == K_LISTEN && !eng_listen_shared(s)) {
-		/* wake accept: shutting the listeners down makes them readable
-		 * (not those other processes may accept from too; accept's wait
-		 * there is bounded: eng_accept_wait_ms) */
-		int i;
-
-		for (i = 0; i < s->nlfd; i++)
-			shutdown(s->lfd[i], SHUT_RDWR);
-	}
-	pthread_mutex_unlock(&s->lock);
-	return 0;
-}
-
-void rsk_free(rsk_sock *s)
-{
-	if (!s)
-		return;
-	rsk_close(s);
-	eng_lock(s);
-	if (s->users) {
-		/* cannot happen through the Python layer (the handle outlives
-		 * every call); leak rather than free memory in use */
-		pthread_mutex_unlock(&s->lock);
-		return;
-	}
-	pthread_mutex_unlock(&s->lock);
-	eng_watch_forget(s);
-	pthread_mutex_destroy(&s->lock);
-	free(s);
-}

@@ -177,7 +177,8 @@ int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
 		     const struct rsk_addr *dst, int flags, int timeout_ms,
 		     struct cm_result *res, char *detail, size_t dlen);
 
-/* engine.c, for listener.c and readiness.c (s->lock: see struct rsk_sock) */
+/* sock.c and progress.c, for the API files and readiness.c (s->lock: see
+ * struct rsk_sock) */
 /* Enter an API call on s: its lock, -EBADF if closed, counted as a user. */
 int eng_enter(rsk_sock *s);
 /* Leave it: fileno() brought up to date, the lock released. */
@@ -217,11 +218,34 @@ void eng_fork_own(rsk_sock *s);
 void eng_lock(rsk_sock *s);
 /* May this process use s, which crossed a fork (1), or not (0)? */
 int eng_claim(rsk_sock *s);
-/* engine.c, for fork.c's child handler: forget the parent's signal state. */
+/* signals.c: Python's wakeup fd and the main thread */
+/* In a child: forget the parent's signal state. */
 void eng_signals_child(void);
+/* The wakeup fd of this (main) thread, or -1. */
+int eng_my_sigfd(void);
+/* Did a signal come (a byte in the wakeup fd)?  Drains it. */
+int eng_sig_came(int sigfd);
 
-/* listener.c, for engine.c's close */
+/* sock.c: the socket object (enter/leave, attach, close: see above) */
+/* Frees rings and fds; s->lock held, no user left. */
+void eng_release(rsk_sock *s);
+/* Do other processes accept from s's listening fds?  (close cannot shut
+ * them down then) */
 int eng_listen_shared(const rsk_sock *s);
+
+/* progress.c (s->lock held) */
+/* Wake waiters if the protocol said something changed (proto.wake). */
+void eng_wake_due(rsk_sock *s);
+/* The liveness channel fired: closed (peer gone) or a protocol error. */
+void eng_check_live(rsk_sock *s);
+/* A sender's look at the liveness channel, at most every LIVE_TICK_NS. */
+void eng_live_tick(rsk_sock *s);
+/* The connection is unusable from now on; tell the peer if we can. */
+#define eng_fail(s, ...)                          \
+	do {                                      \
+		proto_fail(&(s)->p, __VA_ARGS__); \
+		eng_wake_due(s);                  \
+	} while (0)
 
 /* readiness.c: fileno() and the watcher thread (s->lock held, except the
  * fork hooks) */
@@ -236,9 +260,6 @@ int eng_want_wake(const rsk_sock *s);
 int eng_watch_add(rsk_sock *s);
 void eng_watch_del(rsk_sock *s);
 void eng_watch_forget(rsk_sock *s);
-void eng_watch_prefork(void);
-void eng_watch_parent(void);
-void eng_watch_child(void);
 
 /* clock.c: time helpers */
 int64_t eng_now_ns(void);

@@ -32,10 +32,12 @@ static pthread_mutex_t eng_fix_lock = PTHREAD_MUTEX_INITIALIZER; /* eng_lock */
 static pthread_once_t eng_once = PTHREAD_ONCE_INIT;
 
 
+/* (readiness.c keeps its watcher's table across a fork with handlers of
+ * its own, registered after these: its prepare runs first, its parent and
+ * child handlers after these.) */
 static void eng_atfork_parent(void)
 {
 	eng_fork_pgen++;
-	eng_watch_parent();
 }
 
 static void eng_atfork_child(void)
@@ -44,20 +46,12 @@ static void eng_atfork_child(void)
 	eng_fork_gen++;
 	eng_pid = (uint32_t)getpid();
 	eng_signals_child();
-	eng_watch_child();
-}
-
-
-static void eng_atfork_prepare(void)
-{
-	eng_watch_prefork();
 }
 
 static void eng_init_once(void)
 {
 	eng_pid = (uint32_t)getpid();
-	pthread_atfork(eng_atfork_prepare, eng_atfork_parent,
-		       eng_atfork_child);
+	pthread_atfork(NULL, eng_atfork_parent, eng_atfork_child);
 }
 
 /*

@@ -293,13 +293,6 @@ static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp,
 	return -EAGAIN;
 }
 
-/* Do other processes accept from s's listening fds (handed over, or held
- * since a fork)?  Then close cannot shut them down to wake an accept. */
-int eng_listen_shared(const rsk_sock *s)
-{
-	return s->lshared || eng_crossed_fork(s);
-}
-
 /* how long a blocked accept on a shared listener sleeps before it looks
  * whether the listener was closed meanwhile */
 #define ACCEPT_SHARED_WAIT_MS 200

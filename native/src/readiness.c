@@ -238,12 +238,26 @@ static int eng_watch_fd(int op, int fd, uint32_t events, uint64_t data)
 }
 
 /* Registers s with the watcher (s->lock held); starts it if needed. */
+static void eng_watch_prefork(void);
+static void eng_watch_parent(void);
+static void eng_watch_child(void);
+static pthread_once_t eng_w_once = PTHREAD_ONCE_INIT;
+
+/* The watcher's table across fork(): locked while a fork copies it, and
+ * emptied in the child (which has no watcher thread). */
+static void eng_w_atfork(void)
+{
+	pthread_atfork(eng_watch_prefork, eng_watch_parent, eng_watch_child);
+}
+
 int eng_watch_add(rsk_sock *s)
 {
 	uint32_t i;
 	uint64_t d;
 	int rc = 0;
 
+	/* after fork.c's handlers (rsk_socket registered those first) */
+	pthread_once(&eng_w_once, eng_w_atfork);
 	pthread_mutex_lock(&eng_w.lock);
 	if (eng_w.epfd < 0) {
 		pthread_t t;
@@ -329,18 +343,18 @@ void eng_watch_forget(rsk_sock *s)
 	pthread_mutex_unlock(&eng_w.lock);
 }
 
-void eng_watch_prefork(void)
+static void eng_watch_prefork(void)
 {
 	pthread_mutex_lock(&eng_w.lock);
 }
 
-void eng_watch_parent(void)
+static void eng_watch_parent(void)
 {
 	pthread_mutex_unlock(&eng_w.lock);
 }
 
 /* The child has no watcher: its connections register anew when used. */
-void eng_watch_child(void)
+static void eng_watch_child(void)
 {
 	uint32_t i;
 
@@ -357,6 +371,7 @@ void eng_watch_child(void)
 	pthread_mutex_init(&eng_w.lock, NULL);
 	pthread_cond_init(&eng_w.cond, NULL);
 }
+
 
 /* What the engine must wake us for. */
 int eng_want_wake(const rsk_sock *s)
@@ -406,4 +421,32 @@ void eng_sync_fd(rsk_sock *s)
 		if (!eng_progress(s))
 			return;
 	}
+}
+
+/* After rsk_set_refused, the next connect or listen needs a live fa: a new
+ * socketpair, its first end moved onto fa's number.  (Pollers that
+ * registered the old fa lose it, as its file is gone.) */
+int eng_fd_renew(rsk_sock *s)
+{
+	int fab[2];
+
+	if (!s->refused)
+		return 0;
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
+		       fab) < 0)
+		return -errno;
+	if (dup3(fab[0], s->fa, O_CLOEXEC) < 0) {
+		int rc = -errno;
+
+		close(fab[0]);
+		close(fab[1]);
+		return rc;
+	}
+	close(fab[0]);
+	s->fb = fab[1];
+	s->tok = 0;
+	s->filled = 0;
+	s->refused = 0;
+	eng_fd_init(s);
+	return 0;
 }

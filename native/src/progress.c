@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: MIT
+/*
+ * progress.c - what moves a connection along without an API call: its
+ * provider's completions handed to the protocol (eng_progress), the peer's
+ * liveness channel, and waking the threads that sleep on the socket.  Run
+ * under the socket's lock by the API calls (engine.c), the watcher thread
+ * (readiness.c) and close (sock.c).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+
+#include "engine.h"
+#include "ring.h"
+
+#define WC_BATCH 32
+
+/* Wake the threads that sleep on s if the protocol changed something they
+ * wait for (proto.wake). */
+void eng_wake_due(rsk_sock *s)
+{
+	if (s->p.wake) {
+		s->p.wake = 0;
+		eng_wake(s);
+	}
+}
+
+/* The peer is gone: stop watching its liveness channel. */
+static void eng_set_gone(rsk_sock *s)
+{
+	s->p.flags |= F_PEER_GONE;
+	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
+	eng_wake(s);
+}
+
+/* Reap and handle completions, then send due control messages.
+ * Returns the number of completions handled. */
+int eng_progress(rsk_sock *s)
+{
+	struct prov_wc wc[WC_BATCH];
+	int n, i, total = 0;
+
+	if (s->kind != K_CONN || (s->p.flags & F_DEAD))
+		return 0;
+	do {
+		n = s->p.ops->poll_cq(s->p.qp, wc, WC_BATCH);
+		s->st.cq_polls++;
+		for (i = 0; i < n && !(s->p.flags & F_DEAD); i++)
+			if (proto_complete(&s->p, &wc[i], s->hup_at != 0))
+				eng_set_gone(s);
+		total += n;
+	} while (n == WC_BATCH && !(s->p.flags & F_DEAD));
+	s->st.completions += (uint64_t)total;
+	proto_flush(&s->p);
+	if (total)
+		s->p.wake = 1;
+	eng_wake_due(s);
+	return total;
+}
+
+/* ------------------------------------------------------------ liveness */
+
+/* The CM said the peer is gone but no FIN was seen, where a completion may
+ * lag behind the CM (an HCA's may: another path).  1 while the end is not
+ * known yet: the provider fences the stream (a flushed receive then
+ * follows whatever the peer delivered, and eng_progress ends the
+ * connection when it sees one) and makes the liveness fd readable again
+ * at hup_at, so that whoever watches it (eng_wait, the watcher thread, an
+ * event loop) looks again then.  Nobody sleeps, and the socket's lock is
+ * free meanwhile.  Not on shm: whatever the peer wrote (a FIN included) is
+ * in our CQ ring before its liveness socket can close, so one poll sees it.
+ * A provider that cannot fence (shm's delay fault) gets a bounded wait. */
+static int eng_hup_grace(rsk_sock *s)
+{
+	int64_t now = eng_now_ns();
+
+	if (s->hup_at)
+		return now < s->hup_at;
+	s->hup_at = now + LIVE_GRACE_NS;
+	if (s->p.ops->hup_fence && s->p.ops->hup_fence(s->p.qp, LIVE_GRACE_NS) == 0)
+		return 1;
+	while (!(s->p.flags & (F_PEER_FIN | F_DEAD)) &&
+	       eng_now_ns() < s->hup_at) {
+		nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
+		eng_progress(s);
+	}
+	return 0;
+}
+
+/* The liveness channel fired: closed (peer gone) or a protocol error. */
+void eng_check_live(rsk_sock *s)
+{
+	char b, why[sizeof(s->detail)];
+	ssize_t n;
+
+	if (s->live_fd < 0 || (s->p.flags & F_PEER_GONE))
+		return;
+	if (s->p.ops->live_event) {
+		/* the provider's CM says (it has no reject messages) */
+		if (!s->p.ops->live_event(s->p.qp))
+			return;
+		n = 0;
+	} else {
+		n = recv(s->live_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return;
+	}
+	/* gone: take in whatever it wrote before dying, then stop watching */
+	eng_progress(s);
+	if ((s->p.flags & F_PEER_GONE) ||
+	    (!(s->p.flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
+	     s->p.ops->completions_lag && s->p.ops->completions_lag(s->p.qp) &&
+	     eng_hup_grace(s)))
+		return; /* (ended by a fenced flush meanwhile, or not yet) */
+	eng_set_gone(s);
+	if (n > 0 && cm_read_reject(s->live_fd, why, sizeof(why)) == 0)
+		eng_fail(s, ECONNRESET, 0, "%s", why);
+	else if (n > 0)
+		eng_fail(s, ECONNRESET, 1,
+			 "protocol violation: data on the liveness channel");
+	else if (!(s->p.flags & F_PEER_FIN) && !(s->p.flags & F_DEAD))
+		eng_fail(s, ECONNRESET, 0, "peer vanished without closing");
+}
+
+/* Non-blocking look at the liveness channel; 1 if the peer is gone. */
+int eng_poll_live(rsk_sock *s)
+{
+	struct pollfd p;
+
+	if (s->kind != K_CONN || s->live_fd < 0)
+		return 0;
+	if (s->p.flags & F_PEER_GONE)
+		return 1;
+	p = (struct pollfd){ .fd = s->live_fd, .events = POLLIN | POLLRDHUP };
+	if (poll(&p, 1, 0) <= 0)
+		return 0;
+	eng_check_live(s);
+	return (s->p.flags & F_PEER_GONE) != 0;
+}
+
+/* A send into a ring with room never waits, so it would never learn that
+ * the peer died: look at the liveness channel at most every LIVE_TICK_NS
+ * (a clock read per call; a syscall per tick), as a TCP sender learns of
+ * a reset when the peer's RST arrives. */
+void eng_live_tick(rsk_sock *s)
+{
+	int64_t now;
+
+	if (s->kind != K_CONN || s->live_fd < 0 || (s->p.flags & F_PEER_GONE))
+		return;
+	now = eng_now_ns();
+	if (now < s->live_next)
+		return;
+	s->live_next = now + LIVE_TICK_NS;
+	eng_poll_live(s);
+}
+
+/*
+ * A thread that waits while another sleeps on the fd sleeps on a futex
+ * (s->cseq), not a condition variable, so that a signal ends its sleep
+ * (see "signals" at the top: the caller returns -EINTR, Python runs the
+ * handler and, PEP 475, calls again with the deadline it had).
+ */
+void eng_wake(rsk_sock *s)
+{
+	if (s->cwaiters) {
+		s->cseq++;
+		syscall(SYS_futex, &s->cseq, FUTEX_WAKE_PRIVATE, INT_MAX,
+			NULL, NULL, 0);
+	}
+}
