@@ -171,6 +171,23 @@ def _provider_config() -> tuple[str, _ll.Opts]:
 
 
 _MAX_WAIT_MS = 2**31 - 1
+_EINTR = -_errno.EINTR
+
+
+def _clock(timeout: float | None) -> tuple[float | None, float | None]:
+    """(timeout, deadline) for a call that starts now with this timeout
+    (None: blocking, 0.0: non-blocking; both without a deadline)."""
+    return timeout, (None if timeout is None or timeout == 0.0 else time.monotonic() + timeout)
+
+
+def _expired(rc: int, timeout: float | None) -> bool:
+    """Is rc an expired socket timeout (not non-blocking mode)?"""
+    return rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and bool(timeout)
+
+
+def _timeout_error() -> TimeoutError:
+    """What an expired socket timeout raises, as the stdlib's."""
+    return TimeoutError("timed out")
 
 
 def _timeout_ms(timeout: float | None, deadline: float | None) -> int:
@@ -853,30 +870,50 @@ class socket:
     def getblocking(self) -> bool:
         return self._timeout != 0.0
 
+    # The blocking-call helper (CPython's sock_call_ex, trio's
+    # _nonblocking_helper): _clock() takes the timeout and deadline once per
+    # call, _attempt() runs one engine call to completion across EINTR with
+    # the time left, _fail() turns its -errno into the exception (the one
+    # TimeoutError("timed out") of this module: _timeout_error()).  _call()
+    # is the three together; loops that keep partial progress (sendall,
+    # sendmsg, recvmsg_into) or that do more than one call (connect's names,
+    # accept's TCP clients) use the pieces.
+
     def _clock(self) -> tuple[float | None, float | None]:
         """(timeout, deadline) as they stand when a call starts: the call
         keeps them, whatever settimeout() another thread makes meanwhile
         (as CPython's sock_call reads sock_timeout once)."""
-        t = self._timeout
-        return t, (None if t is None or t == 0.0 else time.monotonic() + t)
+        return _clock(self._timeout)
+
+    @staticmethod
+    def _attempt(
+        fn: Any, h: _ll.Handle, args: tuple[Any, ...], timeout: float | None, deadline: float | None
+    ) -> Any:
+        """``fn(h, *args, ms)`` with ms the time left (-1: none, 0:
+        non-blocking), again while it is interrupted (PEP 475: the signal
+        handlers run on the loop's way back, and may raise); its result."""
+        while True:
+            r = fn(h, *args, _timeout_ms(timeout, deadline))
+            if (r[0] if type(r) is tuple else r) != _EINTR:
+                return r
+
+    def _fail(self, rc: int, timeout: float | None, detail: bool = True) -> OSError:
+        """The exception for an engine call's -errno: the socket timeout's
+        ``TimeoutError`` if it expired, else the error (with the engine's
+        detail for a reset or refusal unless ``detail`` is false)."""
+        if _expired(rc, timeout):
+            return _timeout_error()
+        return self._raise(rc) if detail else _ll.oserror(rc)
 
     def _call(self, fn: Any, *args: Any) -> int:
         """Runs ``fn(handle, *args, timeout_ms)`` with the stdlib's timeout
         and EINTR policy; returns its non-negative result."""
         h = self._handle()
         timeout, deadline = self._clock()
-        while True:
-            rc: int = fn(h, *args, _timeout_ms(timeout, deadline))
-            if rc >= 0:
-                return rc
-            if rc == -_errno.EINTR:
-                continue  # PEP 475 (signal handlers ran on the way back)
-            if rc == -_errno.ETIMEDOUT and timeout:
-                raise TimeoutError("timed out")
-            if rc == -_errno.EAGAIN and timeout:
-                # an expired timeout with nothing to do
-                raise TimeoutError("timed out")
-            raise self._raise(rc)
+        rc: int = self._attempt(fn, h, args, timeout, deadline)
+        if rc >= 0:
+            return rc
+        raise self._fail(rc, timeout)
 
     # ------------------------------------------------------------ addresses
 
@@ -1077,11 +1114,9 @@ class socket:
         peer: tuple[Any, ...] | None = None
         local: tuple[Any, ...] | None = None
         while True:
-            rc, nh, peer, local = _ll.accept(h, _timeout_ms(timeout, deadline))
+            rc, nh, peer, local = self._attempt(_ll.accept, h, (), timeout, deadline)
             if rc >= 0:
                 break
-            if rc == -_errno.EINTR:
-                continue
             if rc == -_errno.EXDEV:
                 # a plain TCP client on our port
                 try:
@@ -1096,9 +1131,7 @@ class socket:
                     continue
                 _tally("accept:tcp")
                 return _TcpSocket._wrap(self, conn), addr
-            if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and timeout:
-                raise TimeoutError("timed out")
-            raise _ll.oserror(rc)
+            raise self._fail(rc, timeout, detail=False)
         assert nh is not None
         mine = self._reserve().getsockname()
         if peer is None or local is None or local[1] != mine[1]:
@@ -1202,14 +1235,11 @@ class socket:
             tcp.bind((src_ip, 0) if self._family == _std.AF_INET else (src_ip, 0, 0, 0))
             core.bound = True
         src = tuple(tcp.getsockname())
-        deadline = None if timeout_ms <= 0 else time.monotonic() + timeout_ms / 1000
+        timeout, deadline = _clock(timeout_ms / 1000)
         rc = -_errno.ECONNREFUSED
         for name in _names(self._family, host, dst[1]):
-            while True:
-                ms = timeout_ms if deadline is None else _timeout_ms(1.0, deadline)
-                rc = _ll.connect(h, name, self._family, src, dst, ms)
-                if rc != -_errno.EINTR:
-                    break
+            args = (name, self._family, src, dst)
+            rc = self._attempt(_ll.connect, h, args, timeout, deadline)
             if rc != -_errno.ECONNREFUSED:
                 break
         if rc >= 0:
@@ -1236,10 +1266,9 @@ class socket:
         if vhost != dst[0]:  # loopback, mapped: the server shows it as such
             six = self._family == _std.AF_INET6 and ":" in str(dst[0])
             flags = _ll.VF_LOOPBACK6 if six else _ll.VF_LOOPBACK4
-        while True:
-            rc = _ll.connect_verbs(h, vfam, None, vdst, flags, timeout_ms or 10000)
-            if rc != -_errno.EINTR:
-                break
+        timeout, deadline = _clock((timeout_ms or 10000) / 1000)
+        args = (vfam, None, vdst, flags)
+        rc = cast(int, self._attempt(_ll.connect_verbs, h, args, timeout, deadline))
         if rc >= 0:
             core.connected = True
             core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
@@ -1375,8 +1404,8 @@ class socket:
             return
         if rc >= 0:
             return
-        if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
-            raise TimeoutError("timed out")
+        if _expired(rc, self._timeout):
+            raise _timeout_error()
         h = self._h
         d = self._core.detail or (_ll.detail(h) if h is not None else "")
         if rc in (-_errno.EINPROGRESS, -_errno.EALREADY):
@@ -1437,11 +1466,6 @@ class socket:
                 f"a bytes-like object is required, not '{type(data).__name__}'"
             ) from None
 
-    @staticmethod
-    def _timed_out(rc: int, timeout: float | None) -> bool:
-        """Is rc an expired socket timeout (not non-blocking mode)?"""
-        return rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and bool(timeout)
-
     def send(self, data: Buffer, flags: int = 0, /) -> int:
         h = self._h
         if h is not None and self._timeout is None and not flags and type(flags) is int:
@@ -1495,17 +1519,12 @@ class socket:
         h = self._handle()
         timeout, deadline = self._clock()
         while done < n or n == 0:
-            rc = _ll.send(h, buf + done, n - done, f, _timeout_ms(timeout, deadline))
-            if rc >= 0:
-                done += rc
-                if n == 0:
-                    return
-                continue
-            if rc == -_errno.EINTR:
-                continue
-            if self._timed_out(rc, timeout):
-                raise TimeoutError("timed out")
-            raise self._raise(rc)
+            rc = self._attempt(_ll.send, h, (buf + done, n - done, f), timeout, deadline)
+            if rc < 0:
+                raise self._fail(rc, timeout)
+            done += rc
+            if n == 0:
+                return
 
     def sendto(self, data: Buffer, flags_or_address: Any, address: Any = None, /) -> int:
         """``socket.sendto(data[, flags], address)``: on a connected stream
@@ -1563,16 +1582,11 @@ class socket:
             n = len(b)
             if n == 0:
                 continue
-            while True:
-                rc = _ll.send(h, b, n, f, _timeout_ms(timeout, deadline))
-                if rc != -_errno.EINTR:
-                    break
+            rc: int = self._attempt(_ll.send, h, (b, n, f), timeout, deadline)
             if rc < 0:
                 if sent:
                     return sent  # like the kernel: what went, the error next time
-                if self._timed_out(rc, timeout):
-                    raise TimeoutError("timed out")
-                raise self._raise(rc)
+                raise self._fail(rc, timeout)
             sent += rc
             if rc < n:
                 return sent
@@ -1607,15 +1621,10 @@ class socket:
             n = self._call(_ll.recv_into, _ll.from_buffer(buf, True), bufsize, f)
             return bytes(buf[:n])
         timeout, deadline = self._clock()
-        while True:
-            r = _ll.recv_bytes(h, bufsize, f, _timeout_ms(timeout, deadline))
-            if isinstance(r, bytes):
-                return r
-            if r == -_errno.EINTR:
-                continue
-            if self._timed_out(r, timeout):
-                raise TimeoutError("timed out")
-            raise self._raise(r)
+        r = self._attempt(_ll.recv_bytes, h, (bufsize, f), timeout, deadline)
+        if isinstance(r, bytes):
+            return r
+        raise self._fail(r, timeout)
 
     def recv_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> int:
         h = self._h
@@ -1728,20 +1737,13 @@ class socket:
         got = 0
         for b in bufs:
             n = len(b)
-            while True:
-                if got and not waitall:
-                    ms = 0  # readv: further buffers get what is already there
-                else:
-                    ms = _timeout_ms(timeout, deadline)
-                rc = _ll.recv_into(h, b, n, f, ms)
-                if rc != -_errno.EINTR:
-                    break
+            # readv: further buffers get what is already there (non-blocking)
+            t = 0.0 if got and not waitall else timeout
+            rc = self._attempt(_ll.recv_into, h, (b, n, f), t, deadline)
             if rc < 0:
                 if got:
                     return got, [], 0, None
-                if self._timed_out(rc, timeout):
-                    raise TimeoutError("timed out")
-                raise self._raise(rc)
+                raise self._fail(rc, timeout)
             got += rc
             if rc < n:
                 break
@@ -1754,9 +1756,8 @@ class socket:
         timeout, deadline = self._clock()
         nonblocking = timeout == 0.0 or f & _ll.F_DONTWAIT
         while True:
-            rc = _ll.wait(h, _ll.POLLIN, 0 if nonblocking else _timeout_ms(timeout, deadline))
-            if rc == -_errno.EINTR:
-                continue
+            t = 0.0 if nonblocking else timeout
+            rc = self._attempt(_ll.wait, h, (_ll.POLLIN,), t, deadline)
             if rc < 0:
                 raise self._raise(rc)
             if rc:
@@ -1764,7 +1765,7 @@ class socket:
             if nonblocking:
                 raise BlockingIOError(_errno.EAGAIN, os.strerror(_errno.EAGAIN))
             if timeout is not None:
-                raise TimeoutError("timed out")
+                raise _timeout_error()
 
     def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
         """``socket.sendfile``: a regular file is read with ``os.preadv`` from
