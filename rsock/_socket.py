@@ -39,6 +39,7 @@ from typing import Any, Self, cast
 from typing_extensions import Buffer
 
 from rsock import _lowlevel as _ll
+from rsock._tcp import TcpPath, routed
 
 _fast_send = _ll.fast_send
 _fast_sendall = _ll.fast_sendall
@@ -581,7 +582,9 @@ class socket:
 
     _h: _ll.Handle | None
     _core: _Core
-    _k: _std.socket | None  # only once the connection went the TCP way
+    # the TCP path (rsock._tcp), once the connection went that way: then
+    # every method is the kernel socket's (the object stays this one)
+    _tcp: TcpPath | None = None
     # set on the sockets an rsock.SSLSocket holds: an unclosed one is reported
     # by the SSLSocket's own ResourceWarning, as the stdlib names its SSLSocket
     _tls_owned = False
@@ -658,6 +661,21 @@ class socket:
         self._provider_name = _ll.provider(h) or self._provider_name
         return self
 
+    def _on_tcp(self, k: _std.socket) -> socket:
+        """A new socket object on the TCP path, carried by kernel socket k
+        (a plain TCP client accepted by this listener, or a dup)."""
+        sock = socket.__new__(socket)
+        sock._family = self._family
+        sock._proto = self._proto
+        sock._provider_name = "tcp"
+        sock._closed = False
+        sock._io_refs = 0
+        sock._h = None
+        sock._tcp = TcpPath(k)
+        # the kernel's accept already applied the stdlib's timeout rule
+        sock._timeout = k.gettimeout()
+        return sock
+
     # ------------------------------------------------------------ basics
 
     @property
@@ -679,7 +697,10 @@ class socket:
 
     @property
     def provider(self) -> str | None:
-        """Which path the connection took ("shm", "verbs"), None if not connected."""
+        """Which path the connection took ("shm", "verbs", "tcp"), None if not
+        connected."""
+        if self._tcp is not None:
+            return self._tcp.provider
         return self._provider_name if self._h is not None and self._core.connected else None
 
     def _handle(self) -> _ll.Handle:
@@ -701,7 +722,7 @@ class socket:
         closed, like the stdlib.  A ``dup()`` shares it."""
         h = self._h
         if h is None:
-            return -1
+            return -1 if self._tcp is None else self._tcp.fileno()
         self._watch(_ll.WATCH_FD)
         return _ll.fileno(h)
 
@@ -721,15 +742,19 @@ class socket:
             core.watch &= ~mask
             _ll.set_watch(h, core.watch)
 
+    @routed
     def get_inheritable(self) -> bool:
         """Whether the pollable fd is inherited by child processes (it is
         not by default; a connection is unusable in a child anyway)."""
         return os.get_inheritable(self.fileno())
 
+    @routed
     def set_inheritable(self, inheritable: bool) -> None:
         os.set_inheritable(self.fileno(), inheritable)
 
     def __repr__(self) -> str:
+        if self._tcp is not None:
+            return self._tcp.repr(self._family)
         h = self._h
         closed = getattr(self, "_closed", False)
         s = (
@@ -759,7 +784,12 @@ class socket:
             self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_h", None) is not None:
+        if self._tcp is not None:
+            if self._tcp.k is not None:
+                if not self._tls_owned:
+                    warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
+                self._tcp.close()
+        elif getattr(self, "_h", None) is not None:
             if not self._closed and not self._tls_owned:
                 warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
             self._real_close()
@@ -775,6 +805,9 @@ class socket:
             self._real_close()
 
     def _real_close(self) -> None:
+        if self._tcp is not None:
+            self._tcp.close()
+            return
         h, self._h = self._h, None
         if h is not None:
             self._core.release()
@@ -790,6 +823,8 @@ class socket:
         """A second socket object for the same connection (or listener); the
         connection closes when the last of them is closed.  Unlike the
         stdlib, both objects return the same ``fileno()``."""
+        if self._tcp is not None:
+            return self._on_tcp(self._tcp.kernel().dup())
         h = self._handle()
         core = self._core
         core.acquire()
@@ -802,7 +837,10 @@ class socket:
         """Not supported on an open socket: the connection lives in the rsock
         engine, not in a file descriptor that could be handed over, so this
         raises ``OSError(EOPNOTSUPP)`` and leaves the socket as it was.  On a
-        closed socket it returns -1, like the stdlib."""
+        closed socket it returns -1, like the stdlib.  (On the TCP path it
+        is the kernel socket's, which hands its fd over.)"""
+        if self._tcp is not None:
+            return self._tcp.detach()
         h = self._h
         if h is None:
             self._closed = True
@@ -835,9 +873,23 @@ class socket:
         files are closed too."""
         return make_file(self, mode, buffering, encoding, errors, newline)
 
+    def take_kernel(self) -> _std.socket | None:
+        """On the TCP path: hands the kernel socket over (to an event
+        loop's own transport); this object is closed from now on and the
+        caller owns the socket.  None for an rsock connection, which has
+        no kernel socket."""
+        if self._tcp is None:
+            return None
+        k = self._tcp.take()
+        self._closed = True
+        return k
+
     # ------------------------------------------------------------ timeouts
 
     def settimeout(self, value: float | None, /) -> None:
+        if self._tcp is not None:
+            self._timeout = self._tcp.settimeout(value)
+            return
         val: Any = value
         if val is None:
             t = None
@@ -863,6 +915,9 @@ class socket:
         return self._timeout
 
     def setblocking(self, flag: bool, /) -> None:
+        if self._tcp is not None:
+            self._timeout = self._tcp.setblocking(flag)
+            return
         block = _c_long(flag)
         self._handle()
         self._timeout = None if block else 0.0
@@ -925,6 +980,7 @@ class socket:
             core.tcp = _std.socket(self._family, _std.SOCK_STREAM)
         return core.tcp
 
+    @routed
     def bind(self, address: Any, /) -> None:
         core = self._core
         tcp = core.tcp
@@ -949,12 +1005,14 @@ class socket:
                 raise _ll.oserror(fd)
             core.rv[name] = fd
 
+    @routed
     def getsockname(self) -> Any:
         self._handle()
         if self._core.local is not None:
             return self._core.local
         return self._reserve().getsockname()
 
+    @routed
     def getpeername(self) -> Any:
         self._handle()
         core = self._core
@@ -964,6 +1022,7 @@ class socket:
 
     # ------------------------------------------------------------ options
 
+    @routed
     def setsockopt(
         self, level: int, optname: int, value: Any, optlen: int | None = None, /
     ) -> None:
@@ -1013,6 +1072,7 @@ class socket:
             core.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
             core.ring_set = True
 
+    @routed
     def getsockopt(self, level: int, optname: int, buflen: int | None = None, /) -> Any:
         """``socket.getsockopt``; ``SO_RCVBUF``/``SO_SNDBUF`` report the ring
         size, ``SO_ERROR`` the outcome of a non-blocking connect or the
@@ -1050,6 +1110,9 @@ class socket:
 
     def listen(self, backlog: int = -1, /) -> None:
         backlog = _c_int(backlog, True)
+        if self._tcp is not None:
+            self._tcp.listen(backlog)
+            return
         h = self._handle()
         core = self._core
         if core.connected:
@@ -1107,6 +1170,10 @@ class socket:
         return names
 
     def accept(self) -> tuple[socket, Any]:
+        if self._tcp is not None:
+            conn, addr = self._tcp.kernel().accept()
+            _tally("accept:tcp")
+            return self._on_tcp(conn), addr
         h = self._handle()
         if not self._core.listening:
             raise OSError(_errno.EINVAL, "Invalid argument")
@@ -1130,7 +1197,7 @@ class socket:
                     _tally("refused:tcp")
                     continue
                 _tally("accept:tcp")
-                return _TcpSocket._wrap(self, conn), addr
+                return self._on_tcp(conn), addr
             raise self._fail(rc, timeout, detail=False)
         assert nh is not None
         mine = self._reserve().getsockname()
@@ -1168,8 +1235,8 @@ class socket:
                 raise OSError(-rc if rc < 0 else _errno.ENODEV, why)
 
     def _become_tcp(self) -> None:
-        """From now on this object is a plain TCP socket (the reserving
-        kernel socket), with rsock's class and the stdlib's behaviour."""
+        """From now on this object is on the TCP path: the reserving kernel
+        socket carries the connection, with the stdlib's behaviour."""
         core = self._core
         k = self._reserve()
         with core.lock:
@@ -1178,8 +1245,7 @@ class socket:
         if h is not None:
             core.release()
         k.settimeout(self._timeout)
-        self._k = k
-        self.__class__ = _TcpSocket
+        self._tcp = TcpPath(k)
 
     def _resolve(self, address: Any, what: str = "connect") -> tuple[Any, ...]:
         fam = "AF_INET" if self._family == _std.AF_INET else "AF_INET6"
@@ -1391,6 +1457,7 @@ class socket:
             return -_errno.ETIMEDOUT
         return self._connect_again(h, core)
 
+    @routed
     def connect(self, address: Any, /) -> None:
         rc = self._connect(address)
         if rc == _FALLBACK:
@@ -1412,6 +1479,7 @@ class socket:
             d = ""
         raise _ll.oserror(rc, d)
 
+    @routed
     def connect_ex(self, address: Any, /) -> int:
         try:
             rc = self._connect(address, "connect_ex")
@@ -1479,6 +1547,8 @@ class socket:
                 if rc != -_errno.EINTR:
                     # the engine reports an error once: never ask twice
                     raise self._raise(rc)
+        elif self._tcp is not None:
+            return self._tcp.kernel().send(data, flags)
         buf = self._cbuf(data)
         try:
             return self._call(_ll.send, buf, len(buf), self._flags(flags))
@@ -1503,6 +1573,8 @@ class socket:
                 # send: the slow path resumes after rc bytes
                 self._sendall(data, flags, max(rc, 0))
                 return
+        elif self._tcp is not None:
+            return self._tcp.kernel().sendall(data, flags)
         self._sendall(data, flags, 0)
 
     def _sendall(self, data: Buffer, flags: int, done: int) -> None:
@@ -1526,6 +1598,7 @@ class socket:
             if n == 0:
                 return
 
+    @routed
     def sendto(self, data: Buffer, flags_or_address: Any, address: Any = None, /) -> int:
         """``socket.sendto(data[, flags], address)``: on a connected stream
         socket the address is checked, then ignored, as Linux TCP does."""
@@ -1537,6 +1610,7 @@ class socket:
         self._resolve(address, "sendto")
         return self.send(data, flags)
 
+    @routed
     def sendmsg(
         self,
         buffers: Iterable[Buffer],
@@ -1607,6 +1681,8 @@ class socket:
                     return r
                 if r != -_errno.EINTR:
                     raise self._raise(r)  # reported once: never ask twice
+        elif self._tcp is not None:
+            return self._tcp.kernel().recv(bufsize, flags)
         return self._recv(bufsize, flags)
 
     def _recv(self, bufsize: int, flags: int, what: str = "recv") -> bytes:
@@ -1640,6 +1716,8 @@ class socket:
                     return rc
                 if rc != -_errno.EINTR:
                     raise self._raise(rc)  # reported once: never ask twice
+        elif self._tcp is not None:
+            return self._tcp.kernel().recv_into(buffer, nbytes, flags)
         return self._recv_into(buffer, nbytes, flags)
 
     def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:
@@ -1662,14 +1740,17 @@ class socket:
             _release(buf)
             raise
 
+    @routed
     def recvfrom(self, bufsize: int, flags: int = 0, /) -> tuple[bytes, Any]:
         """``socket.recvfrom``: the address is None, as for a TCP socket."""
         return self._recv(bufsize, flags, "recvfrom"), None
 
+    @routed
     def recvfrom_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> tuple[int, Any]:
         """``socket.recvfrom_into``: the address is None, as for TCP."""
         return self._recv_into(buffer, nbytes, flags, "recvfrom_into"), None
 
+    @routed
     def recvmsg(
         self, bufsize: int, ancbufsize: int = 0, flags: int = 0, /
     ) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]:
@@ -1686,6 +1767,7 @@ class socket:
             return b"", [], 0, None
         return self._recv(bufsize, flags), [], 0, None
 
+    @routed
     def recvmsg_into(
         self, buffers: Iterable[Buffer], ancbufsize: int = 0, flags: int = 0, /
     ) -> tuple[int, list[tuple[int, int, bytes]], int, Any]:
@@ -1767,6 +1849,7 @@ class socket:
             if timeout is not None:
                 raise _timeout_error()
 
+    @routed
     def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
         """``socket.sendfile``: a regular file is read with ``os.preadv`` from
         ``offset`` (absolute, as ``os.sendfile`` reads) into one reused buffer
@@ -1788,6 +1871,7 @@ class socket:
             if count <= 0:
                 raise ValueError(f"count must be a positive integer (got {count!r})")
 
+    @routed
     def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
         """The stdlib's ``os.sendfile`` path, for a regular file: raises
         ``socket._GiveupOnSendfile`` for anything else, as the stdlib does."""
@@ -1817,6 +1901,7 @@ class socket:
         finally:
             view.release()
 
+    @routed
     def _sendfile_use_send(self, file: Any, offset: int = 0, count: int | None = None) -> int:
         """The stdlib's ``send()`` path: reads the file object from
         ``offset`` (seeking only when one is given) and sends each chunk."""
@@ -1865,6 +1950,7 @@ class socket:
             if total > 0 and hasattr(file, "seek"):
                 file.seek(offset + total)
 
+    @routed
     def shutdown(self, how: int, /) -> None:
         how = _c_int(how)
         h = self._handle()
@@ -1880,11 +1966,19 @@ class socket:
 
     def stats(self) -> dict[str, int]:
         """Per-connection counters (bytes and messages each way, credit and
-        ring-space stalls, notifications armed and sent, spins, sleeps)."""
+        ring-space stalls, notifications armed and sent, spins, sleeps;
+        empty on the TCP path)."""
+        if self._tcp is not None:
+            self._tcp.kernel()
+            return {}
         return _ll.stats(self._handle())
 
     def rsock_opts(self) -> dict[str, int]:
-        """Ring size, queue depth, inline threshold and spin time in force."""
+        """Ring size, queue depth, inline threshold and spin time in force
+        (empty on the TCP path)."""
+        if self._tcp is not None:
+            self._tcp.kernel()
+            return {}
         o = _ll.get_opts(self._handle())
         return {
             "ring_size": o.ring_size,
@@ -1892,129 +1986,6 @@ class socket:
             "inline_max": o.inline_max,
             "spin_us": o.spin_us,
         }
-
-
-class _TcpSocket(socket):
-    """An rsock socket whose connection took the plain TCP path (fallback,
-    a TCP client of an rsock listener, or RSOCK_PROVIDER=tcp): every call
-    goes to the kernel socket, so behaviour is the stdlib's exactly."""
-
-    @classmethod
-    def _wrap(cls, parent: socket, k: _std.socket) -> _TcpSocket:
-        self = cls.__new__(cls)
-        self._family = parent._family
-        self._proto = parent._proto
-        self._provider_name = "tcp"
-        self._closed = False
-        self._io_refs = 0
-        self._h = None
-        self._k = k
-        # the kernel's accept already applied the stdlib's timeout rule
-        self._timeout = k.gettimeout()
-        return self
-
-    def _kernel(self) -> _std.socket:
-        k = self._k
-        if k is None:
-            raise _ebadf()
-        return k
-
-    @property
-    def provider(self) -> str | None:
-        return "tcp" if self._k is not None else None
-
-    def fileno(self) -> int:
-        k = self._k
-        return -1 if k is None else k.fileno()
-
-    def _real_close(self) -> None:
-        k, self._k = self._k, None
-        if k is not None:
-            k.close()
-
-    def close(self) -> None:
-        self._closed = True
-        if self._io_refs <= 0:
-            self._real_close()
-
-    def __del__(self) -> None:
-        k = getattr(self, "_k", None)
-        if k is not None:
-            if not self._tls_owned:
-                warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
-            self._real_close()
-
-    def __repr__(self) -> str:
-        k = self._k
-        if k is None:
-            return f"<rsock.socket [closed] fd=-1, family={self._family}, provider='tcp'>"
-        return repr(k).replace("<socket.socket", "<rsock.socket", 1)[:-1] + ", provider='tcp'>"
-
-    def settimeout(self, value: float | None, /) -> None:
-        k = self._kernel()
-        k.settimeout(value)  # the stdlib validates
-        self._timeout = k.gettimeout()
-
-    def setblocking(self, flag: bool, /) -> None:
-        k = self._kernel()
-        k.setblocking(flag)
-        self._timeout = k.gettimeout()
-
-    def dup(self) -> _TcpSocket:
-        return _TcpSocket._wrap(self, self._kernel().dup())
-
-    def detach(self) -> int:
-        k, self._k = self._k, None
-        return -1 if k is None else k.detach()
-
-    def take_kernel(self) -> _std.socket:
-        """Hand the kernel socket over (to an event loop's own transport):
-        this object is closed from now on, the caller owns the socket."""
-        k = self._kernel()
-        self._k = None
-        self._closed = True
-        return k
-
-    def accept(self) -> tuple[socket, Any]:
-        conn, addr = self._kernel().accept()
-        _tally("accept:tcp")
-        return _TcpSocket._wrap(self, conn), addr
-
-    def listen(self, backlog: int = -1, /) -> None:
-        backlog = _c_int(backlog, True)
-        k = self._kernel()
-        if backlog < 0:
-            k.listen()
-        else:
-            k.listen(backlog)
-
-    def stats(self) -> dict[str, int]:
-        self._kernel()
-        return {}
-
-    def rsock_opts(self) -> dict[str, int]:
-        self._kernel()
-        return {}
-
-
-def _delegate(name: str) -> Any:
-    def method(self: _TcpSocket, *args: Any, **kw: Any) -> Any:
-        return getattr(self._kernel(), name)(*args, **kw)
-
-    method.__name__ = name
-    method.__doc__ = f"``socket.socket.{name}`` on the kernel socket."
-    return method
-
-
-for _name in (
-    "bind", "connect", "connect_ex", "getsockname", "getpeername", "setsockopt",
-    "getsockopt", "send", "sendall", "sendto", "sendmsg", "recv", "recv_into",
-    "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into", "shutdown", "sendfile",
-    "_sendfile_use_sendfile", "_sendfile_use_send",
-    "get_inheritable", "set_inheritable",
-):
-    setattr(_TcpSocket, _name, _delegate(_name))
-del _name
 
 
 def _read_only(data: Any) -> bool:
@@ -2164,6 +2135,8 @@ def _reduce_for_child(sock: socket) -> tuple[Any, ...]:
     (README, differences)."""
     from multiprocessing import reduction
 
+    if sock._tcp is not None:
+        return sock._tcp.reduce()  # a kernel socket: it goes over as one
     h = sock._handle()
     core = sock._core
     if core.connected or core.nb:
@@ -2232,19 +2205,10 @@ def _rebuild_in_child(
     return sock
 
 
-def _reduce_tcp_for_child(sock: _TcpSocket) -> tuple[Any, ...]:
-    """A socket on the TCP path is a kernel socket: it goes over as one."""
-    from multiprocessing import reduction
-
-    reduced: tuple[Any, ...] = reduction._reduce_socket(sock._kernel())  # type: ignore[attr-defined]
-    return reduced
-
-
 def _register_reducers() -> None:
     from multiprocessing import reduction
 
     reduction.register(socket, _reduce_for_child)
-    reduction.register(_TcpSocket, _reduce_tcp_for_child)
 
 
 _register_reducers()

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rsock import _lowlevel as _ll
-from rsock._socket import _TcpSocket, socket
+from rsock._socket import socket
 
 _fast_send = _ll.fast_send
 _fast_recv_into = _ll.fast_recv_into
@@ -596,9 +596,10 @@ class RsockServer(asyncio.AbstractServer):
                     self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accept, listener)
                     return
                 raise
-            if isinstance(conn, _TcpSocket):
+            kernel = conn.take_kernel()
+            if kernel is not None:
                 # a plain TCP client on our port: the loop's own transport
-                self._loop.create_task(self._serve_kernel(conn.take_kernel()))
+                self._loop.create_task(self._serve_kernel(kernel))
                 continue
             try:
                 protocol = self._factory()
@@ -838,7 +839,7 @@ async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address:
         if _connect_owner.get(fd) is done:
             del _connect_owner[fd]
             loop.remove_writer(fd)
-            if not isinstance(sock, _TcpSocket):
+            if sock._tcp is None:
                 sock._unwatch(_ll.WATCH_FD)  # the transport watches the notify fd
     err = sock.getsockopt(_std.SOL_SOCKET, _std.SO_ERROR)
     if err:
@@ -938,9 +939,9 @@ async def create_connection(
             if len(errors) == 1:
                 raise errors[0]
             raise OSError(f"Multiple exceptions: {', '.join(str(e) for e in errors)}")
-    if isinstance(sock, _TcpSocket):
+    kernel = sock.take_kernel()
+    if kernel is not None:
         # a plain TCP peer (fallback): the loop's own transport runs it
-        kernel = sock.take_kernel()
         kernel.setblocking(False)
         return await loop.create_connection(
             protocol_factory, sock=kernel, ssl=ctx,
