@@ -39,6 +39,7 @@ from typing import Any, Self, cast
 from typing_extensions import Buffer
 
 from rsock import _lowlevel as _ll
+from rsock._readiness import Watch
 from rsock._tcp import TcpPath, routed
 
 _fast_send = _ll.fast_send
@@ -737,10 +738,23 @@ class socket:
     def _unwatch(self, mask: int) -> None:
         """Turn off what ``_watch`` turned on."""
         h = self._h
+        if h is None:
+            return
         core = self._core
-        if h is not None and core.watch & mask:
+        if core.watch & mask:
             core.watch &= ~mask
             _ll.set_watch(h, core.watch)
+
+    def watch(self) -> Watch:
+        """For an event loop: the connection's notify and liveness fds,
+        kept exact by the engine without a thread (``rsock._readiness``;
+        what ``rsock.asyncio`` and ``rsock.patch()`` watch)."""
+        h = self._h
+
+        def is_open() -> bool:
+            return h is not None and self._h is h
+
+        return Watch(h, is_open, self._raise, self._watch, self._unwatch)
 
     @routed
     def get_inheritable(self) -> bool:
