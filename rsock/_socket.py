@@ -22,7 +22,6 @@ import _socket as _ksocket
 import dataclasses
 import errno as _errno
 import io
-import ipaddress
 import math
 import operator
 import os
@@ -39,6 +38,8 @@ from typing import Any, Self, cast
 from typing_extensions import Buffer
 
 from rsock import _lowlevel as _ll
+from rsock import _paths
+from rsock._paths import FALLBACK, VERBS_RING_SIZE, fallback_mode, provider_config
 from rsock._readiness import Watch
 from rsock._tcp import TcpPath, routed
 
@@ -101,15 +102,6 @@ _NB_FAILED = 2  # failed: SO_ERROR (once), then the next connect() reports it
 _NB_PENDING = 3  # the listener's backlog was full: a thread waits to connect
 
 
-# the default ring of a verbs connection whose size nobody chose: its rings
-# are registered (pinned) memory, so it keeps the smaller size; shm rings
-# (the engine's default, 8 MiB) are touched lazily and never pinned
-VERBS_RING_SIZE = 4 << 20
-
-# _connect's answer when no rsock listener took the connection and plain
-# TCP should be tried (a positive value: never an engine result)
-_FALLBACK = 1 << 30
-
 # Who counts connections (rsock._patch while patched): called with
 # "connect:<provider>", "accept:<provider>" or "refused:tcp", once per
 # connection whatever the API that made it (blocking, non-blocking, asyncio).
@@ -120,56 +112,6 @@ def _tally(key: str) -> None:
     t = tally
     if t is not None:
         t(key)
-
-
-def fallback_mode() -> str:
-    """``RSOCK_FALLBACK``: "" (fall back to TCP where rsock cannot go),
-    "never" (an rsock client never does: ECONNREFUSED) or "strict" (never,
-    and rsock listeners refuse plain TCP clients too)."""
-    mode = os.environ.get("RSOCK_FALLBACK", "")
-    return mode if mode in ("never", "strict") else ""
-
-
-def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default
-    try:
-        return int(v, 0)
-    except ValueError:
-        raise ValueError(f"{name}={v!r} is not an integer") from None
-
-
-_CONFIG_VARS = (
-    "RSOCK_PROVIDER", "RSOCK_RING_SIZE", "RSOCK_QDEPTH", "RSOCK_INLINE", "RSOCK_SPIN_US",
-)
-_config_cache: dict[tuple[str | None, ...], tuple[str, _ll.Opts]] = {}
-
-
-def provider_config() -> tuple[str, _ll.Opts]:
-    """The provider and tunables new sockets get, read from the environment
-    (``RSOCK_PROVIDER``, ``RSOCK_RING_SIZE``, ``RSOCK_QDEPTH``,
-    ``RSOCK_INLINE``, ``RSOCK_SPIN_US``) at every call; parsed once per set
-    of values."""
-    environ = os.environ
-    key = tuple(environ.get(name) for name in _CONFIG_VARS)
-    hit = _config_cache.get(key)
-    if hit is None:
-        if len(_config_cache) >= 64:
-            _config_cache.clear()
-        hit = _config_cache[key] = _provider_config()
-    return hit
-
-
-def _provider_config() -> tuple[str, _ll.Opts]:
-    d = _ll.default_opts()
-    opts = _ll.Opts(
-        ring_size=_env_int("RSOCK_RING_SIZE", d.ring_size),
-        qdepth=_env_int("RSOCK_QDEPTH", d.qdepth),
-        inline_max=_env_int("RSOCK_INLINE", d.inline_max),
-        spin_us=_env_int("RSOCK_SPIN_US", d.spin_us),
-    )
-    return os.environ.get("RSOCK_PROVIDER", "") or "shm", opts
 
 
 _MAX_WAIT_MS = 2**31 - 1
@@ -367,42 +309,6 @@ def _opt_result(v: int, buflen: int | None) -> int | bytes:
     return v.to_bytes(4, sys.byteorder, signed=True)[:buflen]
 
 
-def _names(family: int, host: str, port: int) -> list[bytes]:
-    """Rendezvous names a client tries for (host, port), most specific first."""
-    tag = "4" if family == _std.AF_INET else "6"
-    names = [f"rsock/{tag}/{host}/{port}".encode()]
-    wild = "0.0.0.0" if family == _std.AF_INET else "::"
-    if host != wild:
-        names.append(f"rsock/{tag}/{wild}/{port}".encode())
-    return names
-
-
-_LOCAL_TTL = 1.0  # seconds an _is_local answer is reused (addresses rarely move)
-_local_cache: dict[tuple[int, str], tuple[float, bool, str]] = {}
-
-
-def _is_local(family: int, host: str) -> tuple[bool, str]:
-    """Is host an address of this host (this network namespace)?  Also the
-    source address the kernel would use to reach it.  (The kernel is asked
-    through a UDP socket, 5 syscalls; the answer is reused for _LOCAL_TTL.)"""
-    now = time.monotonic()
-    hit = _local_cache.get((family, host))
-    if hit is not None and now - hit[0] < _LOCAL_TTL:
-        return hit[1], hit[2]
-    try:
-        with _std.socket(family, _std.SOCK_DGRAM) as u:
-            u.connect((host, 9))
-            src = str(u.getsockname()[0])
-    except OSError:
-        return False, ""
-    ip = ipaddress.ip_address(host.split("%")[0])
-    local = ip.is_loopback or src == host
-    if len(_local_cache) >= 256:
-        _local_cache.clear()
-    _local_cache[(family, host)] = (now, local, src)
-    return local, src
-
-
 def make_file(
     sock: Any,
     mode: str,
@@ -442,70 +348,6 @@ def make_file(
     text = io.TextIOWrapper(buffer, io.text_encoding(encoding), errors, newline)
     text.mode = mode  # type: ignore[misc]
     return text
-
-
-_verbs_state: tuple[int, str] | None = None
-
-
-def verbs_available() -> tuple[int, str]:
-    """(number of RDMA devices, or -errno; one sentence), probed once per process."""
-    global _verbs_state
-    if _verbs_state is None:
-        _verbs_state = _ll.verbs_probe()
-    return _verbs_state
-
-
-def _ifaddr4(ifname: str) -> str | None:
-    """The IPv4 address of a network interface (SIOCGIFADDR), or None."""
-    import fcntl
-    import struct
-
-    try:
-        with _std.socket(_std.AF_INET, _std.SOCK_DGRAM) as u:
-            req = struct.pack("256s", ifname.encode()[:15])
-            res = fcntl.ioctl(u.fileno(), 0x8915, req)  # SIOCGIFADDR
-    except OSError:
-        return None
-    return _std.inet_ntoa(res[20:24])
-
-
-def _verbs_target(family: int, host: str) -> tuple[int, str]:
-    """rdma_cm cannot route loopback addresses (on rxe it answers ENODEV):
-    RSOCK_PROVIDER=verbs on 127.0.0.1 or ::1 uses the IPv4 address of the
-    first RDMA device's network interface instead (or RSOCK_VERBS_LOOPBACK).
-    Returns the (family, host) to hand to rdma_cm."""
-    try:
-        loop = ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return family, host
-    if not loop:
-        return family, host
-    env = os.environ.get("RSOCK_VERBS_LOOPBACK", "")
-    if env:
-        return _std.AF_INET, env
-    import glob
-
-    for nd in sorted(glob.glob("/sys/class/infiniband/*/ports/*/gid_attrs/ndevs/0")):
-        try:
-            with open(nd) as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        a = _ifaddr4(name) if name else None
-        if a:
-            return _std.AF_INET, a
-    return family, host
-
-
-def _verbs_host(family: int, host: str) -> str:
-    return _verbs_target(family, host)[1]
-
-
-def _v4_mapped(addr: tuple[Any, ...]) -> tuple[Any, ...]:
-    """An IPv4 peer of a dual-stack AF_INET6 socket, as the kernel shows it."""
-    if len(addr) == 2:
-        return (f"::ffff:{addr[0]}", addr[1], 0, 0)
-    return addr
 
 
 class _Core:
@@ -1011,7 +853,7 @@ class socket:
         socket handed to other processes (fork, multiprocessing) before it
         listens is then one listener in all of them, whichever listen()s."""
         core = self._core
-        for name in self._listen_names(tcp):
+        for name in _paths.listen_names(self._family, tcp):
             if name in core.rv:
                 continue
             fd = _ll.rendezvous_bind(name)
@@ -1133,7 +975,7 @@ class socket:
             raise OSError(_errno.EINVAL, "Invalid argument")
         if backlog < 0:
             backlog = min(_std.SOMAXCONN, 128)
-        self._check_provider()
+        _paths.check_provider(self._provider_name)
         if core.listening:
             self._reserve().listen(backlog)
             return
@@ -1146,7 +988,7 @@ class socket:
             tcp.bind(("0.0.0.0", 0) if self._family == _std.AF_INET else ("::", 0))
             core.bound = True
         host, port = tcp.getsockname()[:2]
-        for name in self._listen_names(tcp):
+        for name in _paths.listen_names(self._family, tcp):
             fd = core.rv.pop(name, None)
             if fd is None:
                 rc = _ll.listen(h, name, backlog)
@@ -1157,8 +999,8 @@ class socket:
             if rc < 0:
                 raise _ll.oserror(rc)
         # remote RDMA clients (rdma_cm has its own port space: same number)
-        if self._provider_name == "verbs" or verbs_available()[0] > 0:
-            vfam, vhost = _verbs_target(self._family, host)
+        if _paths.takes_verbs(self._provider_name):
+            vfam, vhost = _paths.verbs_target(self._family, host)
             rc = _ll.listen_verbs(h, vfam, vhost, port, backlog)
             if rc < 0 and self._provider_name == "verbs":
                 raise _ll.oserror(rc, _ll.detail(h))
@@ -1170,18 +1012,6 @@ class socket:
         if rc < 0:
             raise _ll.oserror(rc)
         core.listening = True
-
-    def _listen_names(self, tcp: _std.socket) -> list[bytes]:
-        """The rendezvous names a listener bound where tcp is takes."""
-        host, port = tcp.getsockname()[:2]
-        names = [f"rsock/{'4' if self._family == _std.AF_INET else '6'}/{host}/{port}".encode()]
-        if (
-            self._family == _std.AF_INET6
-            and host == "::"
-            and not tcp.getsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY)
-        ):
-            names.append(f"rsock/4/0.0.0.0/{port}".encode())
-        return names
 
     def accept(self) -> tuple[socket, Any]:
         if self._tcp is not None:
@@ -1215,20 +1045,7 @@ class socket:
             raise self._fail(rc, timeout, detail=False)
         assert nh is not None
         mine = self._reserve().getsockname()
-        if peer is None or local is None or local[1] != mine[1]:
-            # the client's announced addresses are not ours: use what we know
-            local = mine
-            peer = peer or mine
-        if local[0] != mine[0] and local[0] == _verbs_host(self._family, str(mine[0])):
-            # RSOCK_PROVIDER=verbs on loopback (mapped to the RDMA device's
-            # address): show the connection as the loopback one it stands for
-            v6 = (0, 0) if self._family == _std.AF_INET6 else ()
-            if peer[0] == local[0]:
-                peer = (mine[0], peer[1], *v6)
-            local = (mine[0], local[1], *v6)
-        if self._family == _std.AF_INET6:
-            # an IPv4 client of a dual-stack listener
-            peer, local = _v4_mapped(peer), _v4_mapped(local)
+        peer, local = _paths.accepted_addrs(self._family, mine, peer, local)
         sock = socket._accepted(self, nh, peer, local)
         _tally(f"accept:{sock._provider_name}")
         if _std.getdefaulttimeout() is None and self.gettimeout():
@@ -1236,17 +1053,6 @@ class socket:
         return sock, peer
 
     # ------------------------------------------------------------ client side
-
-    def _check_provider(self) -> None:
-        if self._provider_name not in ("shm", "tcp", "verbs"):
-            raise OSError(
-                _errno.EPROTONOSUPPORT,
-                f"RSOCK_PROVIDER={self._provider_name!r}: rsock has 'shm', 'verbs' and 'tcp'",
-            )
-        if self._provider_name == "verbs":
-            rc, why = verbs_available()
-            if rc <= 0:
-                raise OSError(-rc if rc < 0 else _errno.ENODEV, why)
 
     def _become_tcp(self) -> None:
         """From now on this object is on the TCP path: the reserving kernel
@@ -1300,24 +1106,20 @@ class socket:
         """One connect attempt to a resolved address: the rendezvous names for
         it, most specific first.  Returns the engine's result."""
         host = str(dst[0])
-        local, src_ip = _is_local(self._family, host)
-        if self._provider_name == "verbs" or (not local and verbs_available()[0] > 0):
-            if not core.bound and src_ip:
-                fam = self._family
-                self._reserve().bind((src_ip, 0) if fam == _std.AF_INET else (src_ip, 0, 0, 0))
-                core.bound = True
-            return self._dial_verbs(h, core, dst, timeout_ms)
-        if not local:
-            core.detail = f"{host} is not on this host"
+        way, src_ip = _paths.route(self._provider_name, self._family, host)
+        if not way:
+            core.detail = src_ip  # why not
             return -_errno.ECONNREFUSED
-        tcp = self._reserve()
-        if not core.bound:
-            tcp.bind((src_ip, 0) if self._family == _std.AF_INET else (src_ip, 0, 0, 0))
+        if not core.bound and src_ip:
+            fam = self._family
+            self._reserve().bind((src_ip, 0) if fam == _std.AF_INET else (src_ip, 0, 0, 0))
             core.bound = True
-        src = tuple(tcp.getsockname())
+        if way == "verbs":
+            return self._dial_verbs(h, core, dst, timeout_ms)
+        src = tuple(self._reserve().getsockname())
         timeout, deadline = _clock(timeout_ms / 1000)
         rc = -_errno.ECONNREFUSED
-        for name in _names(self._family, host, dst[1]):
+        for name in _paths.client_names(self._family, host, dst[1]):
             args = (name, self._family, src, dst)
             rc = self._attempt(_ll.connect, h, args, timeout, deadline)
             if rc != -_errno.ECONNREFUSED:
@@ -1334,18 +1136,13 @@ class socket:
         """Connects over rdma_cm.  Address and route resolution cannot be
         left half-done like a TCP SYN, so a non-blocking connect waits for
         them too (bounded: 10 s)."""
-        vfam, vhost = _verbs_target(self._family, str(dst[0]))
-        vdst = (vhost, *dst[1:]) if vfam == self._family else (vhost, dst[1])
+        vfam, vdst, flags = _paths.verbs_dst(self._family, dst)
         if not core.ring_set:  # registered memory is pinned: the smaller default
             o = _ll.get_opts(h)
             if o.ring_size != VERBS_RING_SIZE:
                 rc = _ll.set_opts(h, dataclasses.replace(o, ring_size=VERBS_RING_SIZE))
                 if rc < 0:
                     return rc
-        flags = 0
-        if vhost != dst[0]:  # loopback, mapped: the server shows it as such
-            six = self._family == _std.AF_INET6 and ":" in str(dst[0])
-            flags = _ll.VF_LOOPBACK6 if six else _ll.VF_LOOPBACK4
         timeout, deadline = _clock((timeout_ms or 10000) / 1000)
         args = (vfam, None, vdst, flags)
         rc = cast(int, self._attempt(_ll.connect_verbs, h, args, timeout, deadline))
@@ -1356,12 +1153,10 @@ class socket:
             _tally("connect:verbs")
             local, _ = _ll.conn_addrs(h)
             if local is not None:
-                # the rdma_cm port; the host as dialed when loopback was mapped
                 mine = self._reserve().getsockname()
-                if vdst[0] != dst[0]:
-                    core.local = (mine[0], local[1], *mine[2:])
-                elif vfam == self._family:
-                    core.local = local
+                shown = _paths.dialed_local(self._family, dst, vfam, vdst, local, mine)
+                if shown is not None:
+                    core.local = shown
         else:
             core.detail = _ll.detail(h)
         return rc
@@ -1377,14 +1172,14 @@ class socket:
             return -_errno.EISCONN
         if core.listening:
             return -_errno.EINVAL
-        self._check_provider()
+        _paths.check_provider(self._provider_name)
         if core.rv:  # bound names no listener will take (a client bound first)
             rv, core.rv = core.rv, {}
             for fd in rv.values():
                 os.close(fd)
         core.detail = ""
         if self._provider_name == "tcp":
-            return _FALLBACK
+            return FALLBACK
         if self._timeout != 0.0:
             ms = _timeout_ms(*self._clock())
             rc = self._dial(h, core, dst, ms if ms >= 0 else self._give_up_ms())
@@ -1393,7 +1188,7 @@ class socket:
         # getsockopt(SO_ERROR) or a second connect().  The engine's connect
         # completes at once from the listener's queue, so there is one.
         rc = self._fallback_or(self._dial(h, core, dst, 0))
-        if rc == _FALLBACK:
+        if rc == FALLBACK:
             return rc
         if rc >= 0:
             core.nb = _NB_DONE
@@ -1428,7 +1223,7 @@ class socket:
         def dial() -> None:
             try:
                 rc = self._fallback_or(self._dial(h, core, dst, give_up))  # retries EINTR
-                if rc == _FALLBACK:
+                if rc == FALLBACK:
                     rc = -_errno.ECONNREFUSED  # TCP fallback: not behind a pending connect
                 if rc >= 0:
                     core.nb = _NB_DONE
@@ -1442,16 +1237,16 @@ class socket:
         threading.Thread(target=dial, name="rsock-connect", daemon=True).start()
 
     def _fallback_or(self, rc: int) -> int:
-        """No rsock listener answered: _FALLBACK to plain TCP unless
+        """No rsock listener answered: FALLBACK to plain TCP unless
         RSOCK_FALLBACK=never (then the refusal stands, with the reason)."""
         if rc != -_errno.ECONNREFUSED:
             return rc
-        mode = fallback_mode()
-        if mode:
-            core = self._core
-            core.detail = f"{core.detail or 'no rsock listener'}; RSOCK_FALLBACK={mode}"
-            return rc
-        return _FALLBACK
+        core = self._core
+        why = _paths.refusal(core.detail)
+        if why is None:
+            return FALLBACK
+        core.detail = why
+        return rc
 
     def _connect_again(self, h: _ll.Handle, core: _Core) -> int:
         """connect() after a non-blocking one reported EINPROGRESS: what
@@ -1474,7 +1269,7 @@ class socket:
     @routed
     def connect(self, address: Any, /) -> None:
         rc = self._connect(address)
-        if rc == _FALLBACK:
+        if rc == FALLBACK:
             self._become_tcp()
             try:
                 self.connect(address)
@@ -1501,7 +1296,7 @@ class socket:
             if e.errno is None or isinstance(e, _std.gaierror):
                 raise
             return e.errno
-        if rc == _FALLBACK:
+        if rc == FALLBACK:
             self._become_tcp()
             rc = self.connect_ex(address)
             if rc in (0, _errno.EINPROGRESS):
@@ -2162,7 +1957,7 @@ def _reduce_for_child(sock: socket) -> tuple[Any, ...]:
     rv: list[tuple[bytes, Any]] = []
     core.shared = True
     if tcp.getsockname()[1]:  # bound (by bind(), or by listen())
-        names = sock._listen_names(tcp)
+        names = _paths.listen_names(sock._family, tcp)
         if core.listening:
             fds = _ll.listen_fds(h)
             if len(fds) != len(names):
