@@ -14,6 +14,12 @@ namespace (see ``native/src/cm_local.c``).
 A socket object and its ``dup()``s share one ``_Core`` (the engine handle, the
 reserving kernel socket and the connection state); the handle is closed when
 the last of them closes.  ``makefile()`` defers the close like the stdlib.
+
+Every blocking call goes through one helper (``_clock``, ``_attempt``,
+``_fail``: the timeout, the deadline, EINTR and the one ``TimeoutError``).
+Which way a connection goes is decided in ``rsock._paths``; a connection on
+the plain TCP path is carried by ``rsock._tcp``'s path object; event loops
+watch a connection through ``rsock._readiness.Watch`` (``socket.watch()``).
 """
 
 from __future__ import annotations
