@@ -54,7 +54,6 @@ holds for those TLS sockets too, as it does for ``ssl.SSLSocket``.
 
 from __future__ import annotations
 
-import errno as _errno
 import functools
 import importlib.abc
 import importlib.machinery
@@ -730,7 +729,7 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
     (interest POLLOUT, as rsock.asyncio's transport does), and that fd is
     watched with a reader, with the liveness fd for a vanished peer.
     ``fileno()`` itself stays free for a concurrent ``sock_recv``."""
-    from rsock import _lowlevel as _ll
+    from rsock._readiness import POLLIN, POLLOUT
 
     if loop.get_debug() and sock.gettimeout() != 0:
         raise ValueError("the socket must be non-blocking")
@@ -740,13 +739,10 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
     pos = _send_some(sock, view, 0)
     if pos == len(view):
         return
-    sock._watch(_ll.WATCH_NOTIFY)  # the notify fd's readiness is exact
-    h = sock._h
-    if h is None:
-        raise OSError(_errno.EBADF, "Bad file descriptor")
-    nfd, lfd = _ll.notify_fds(h)
+    watch = sock.watch()
+    watch.start()  # the notify fd's readiness is exact
+    nfd = watch.notify_fd
     fut = loop.create_future()
-    live = [lfd]
 
     def ready() -> None:
         nonlocal pos
@@ -760,19 +756,10 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
         if pos == len(view):
             fut.set_result(None)
 
-    def gone() -> None:
-        # 0: not gone yet (a FIN's grace); the fd fires again when it ends
-        if (sock._h is not h or _ll.check_peer(h)) and live[0] >= 0:
-            loop.remove_reader(live[0])
-            live[0] = -1
-        ready()
-
-    _ll.set_interest(h, _ll.POLLIN | _ll.POLLOUT)
     _sendall_owner[nfd] = fut  # a later call on the socket takes the fds over
     try:
-        loop.add_reader(nfd, ready)
-        if lfd >= 0:
-            loop.add_reader(lfd, gone)
+        # ready() also runs when the liveness fd fires (the peer went)
+        watch.arm(loop, ready, POLLIN | POLLOUT)
         ready()  # space may have come back before the interest was set
         await fut
     finally:
@@ -780,11 +767,7 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
         # test) must not remove that one's readers: it would never wake
         if _sendall_owner.get(nfd) is fut:
             del _sendall_owner[nfd]
-            loop.remove_reader(nfd)
-            if live[0] >= 0:
-                loop.remove_reader(live[0])
-            if sock._h is h:
-                _ll.set_interest(h, _ll.POLLIN)
+            watch.disarm(loop, POLLIN)
 
 
 def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:

@@ -14,6 +14,12 @@ namespace (see ``native/src/cm_local.c``).
 A socket object and its ``dup()``s share one ``_Core`` (the engine handle, the
 reserving kernel socket and the connection state); the handle is closed when
 the last of them closes.  ``makefile()`` defers the close like the stdlib.
+
+Every blocking call goes through one helper (``_clock``, ``_attempt``,
+``_fail``: the timeout, the deadline, EINTR and the one ``TimeoutError``).
+Which way a connection goes is decided in ``rsock._paths``; a connection on
+the plain TCP path is carried by ``rsock._tcp``'s path object; event loops
+watch a connection through ``rsock._readiness.Watch`` (``socket.watch()``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,6 @@ import _socket as _ksocket
 import dataclasses
 import errno as _errno
 import io
-import ipaddress
 import math
 import operator
 import os
@@ -39,6 +44,10 @@ from typing import Any, Self, cast
 from typing_extensions import Buffer
 
 from rsock import _lowlevel as _ll
+from rsock import _paths
+from rsock._paths import FALLBACK, VERBS_RING_SIZE, fallback_mode, provider_config
+from rsock._readiness import Watch
+from rsock._tcp import TcpPath, routed
 
 _fast_send = _ll.fast_send
 _fast_sendall = _ll.fast_sendall
@@ -99,15 +108,6 @@ _NB_FAILED = 2  # failed: SO_ERROR (once), then the next connect() reports it
 _NB_PENDING = 3  # the listener's backlog was full: a thread waits to connect
 
 
-# the default ring of a verbs connection whose size nobody chose: its rings
-# are registered (pinned) memory, so it keeps the smaller size; shm rings
-# (the engine's default, 8 MiB) are touched lazily and never pinned
-VERBS_RING_SIZE = 4 << 20
-
-# _connect's answer when no rsock listener took the connection and plain
-# TCP should be tried (a positive value: never an engine result)
-_FALLBACK = 1 << 30
-
 # Who counts connections (rsock._patch while patched): called with
 # "connect:<provider>", "accept:<provider>" or "refused:tcp", once per
 # connection whatever the API that made it (blocking, non-blocking, asyncio).
@@ -120,57 +120,24 @@ def _tally(key: str) -> None:
         t(key)
 
 
-def fallback_mode() -> str:
-    """``RSOCK_FALLBACK``: "" (fall back to TCP where rsock cannot go),
-    "never" (an rsock client never does: ECONNREFUSED) or "strict" (never,
-    and rsock listeners refuse plain TCP clients too)."""
-    mode = os.environ.get("RSOCK_FALLBACK", "")
-    return mode if mode in ("never", "strict") else ""
-
-
-def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default
-    try:
-        return int(v, 0)
-    except ValueError:
-        raise ValueError(f"{name}={v!r} is not an integer") from None
-
-
-_CONFIG_VARS = (
-    "RSOCK_PROVIDER", "RSOCK_RING_SIZE", "RSOCK_QDEPTH", "RSOCK_INLINE", "RSOCK_SPIN_US",
-)
-_config_cache: dict[tuple[str | None, ...], tuple[str, _ll.Opts]] = {}
-
-
-def provider_config() -> tuple[str, _ll.Opts]:
-    """The provider and tunables new sockets get, read from the environment
-    (``RSOCK_PROVIDER``, ``RSOCK_RING_SIZE``, ``RSOCK_QDEPTH``,
-    ``RSOCK_INLINE``, ``RSOCK_SPIN_US``) at every call; parsed once per set
-    of values."""
-    environ = os.environ
-    key = tuple(environ.get(name) for name in _CONFIG_VARS)
-    hit = _config_cache.get(key)
-    if hit is None:
-        if len(_config_cache) >= 64:
-            _config_cache.clear()
-        hit = _config_cache[key] = _provider_config()
-    return hit
-
-
-def _provider_config() -> tuple[str, _ll.Opts]:
-    d = _ll.default_opts()
-    opts = _ll.Opts(
-        ring_size=_env_int("RSOCK_RING_SIZE", d.ring_size),
-        qdepth=_env_int("RSOCK_QDEPTH", d.qdepth),
-        inline_max=_env_int("RSOCK_INLINE", d.inline_max),
-        spin_us=_env_int("RSOCK_SPIN_US", d.spin_us),
-    )
-    return os.environ.get("RSOCK_PROVIDER", "") or "shm", opts
-
-
 _MAX_WAIT_MS = 2**31 - 1
+_EINTR = -_errno.EINTR
+
+
+def _clock(timeout: float | None) -> tuple[float | None, float | None]:
+    """(timeout, deadline) for a call that starts now with this timeout
+    (None: blocking, 0.0: non-blocking; both without a deadline)."""
+    return timeout, (None if timeout is None or timeout == 0.0 else time.monotonic() + timeout)
+
+
+def _expired(rc: int, timeout: float | None) -> bool:
+    """Is rc an expired socket timeout (not non-blocking mode)?"""
+    return rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and bool(timeout)
+
+
+def _timeout_error() -> TimeoutError:
+    """What an expired socket timeout raises, as the stdlib's."""
+    return TimeoutError("timed out")
 
 
 def _timeout_ms(timeout: float | None, deadline: float | None) -> int:
@@ -348,42 +315,6 @@ def _opt_result(v: int, buflen: int | None) -> int | bytes:
     return v.to_bytes(4, sys.byteorder, signed=True)[:buflen]
 
 
-def _names(family: int, host: str, port: int) -> list[bytes]:
-    """Rendezvous names a client tries for (host, port), most specific first."""
-    tag = "4" if family == _std.AF_INET else "6"
-    names = [f"rsock/{tag}/{host}/{port}".encode()]
-    wild = "0.0.0.0" if family == _std.AF_INET else "::"
-    if host != wild:
-        names.append(f"rsock/{tag}/{wild}/{port}".encode())
-    return names
-
-
-_LOCAL_TTL = 1.0  # seconds an _is_local answer is reused (addresses rarely move)
-_local_cache: dict[tuple[int, str], tuple[float, bool, str]] = {}
-
-
-def _is_local(family: int, host: str) -> tuple[bool, str]:
-    """Is host an address of this host (this network namespace)?  Also the
-    source address the kernel would use to reach it.  (The kernel is asked
-    through a UDP socket, 5 syscalls; the answer is reused for _LOCAL_TTL.)"""
-    now = time.monotonic()
-    hit = _local_cache.get((family, host))
-    if hit is not None and now - hit[0] < _LOCAL_TTL:
-        return hit[1], hit[2]
-    try:
-        with _std.socket(family, _std.SOCK_DGRAM) as u:
-            u.connect((host, 9))
-            src = str(u.getsockname()[0])
-    except OSError:
-        return False, ""
-    ip = ipaddress.ip_address(host.split("%")[0])
-    local = ip.is_loopback or src == host
-    if len(_local_cache) >= 256:
-        _local_cache.clear()
-    _local_cache[(family, host)] = (now, local, src)
-    return local, src
-
-
 def make_file(
     sock: Any,
     mode: str,
@@ -423,70 +354,6 @@ def make_file(
     text = io.TextIOWrapper(buffer, io.text_encoding(encoding), errors, newline)
     text.mode = mode  # type: ignore[misc]
     return text
-
-
-_verbs_state: tuple[int, str] | None = None
-
-
-def verbs_available() -> tuple[int, str]:
-    """(number of RDMA devices, or -errno; one sentence), probed once per process."""
-    global _verbs_state
-    if _verbs_state is None:
-        _verbs_state = _ll.verbs_probe()
-    return _verbs_state
-
-
-def _ifaddr4(ifname: str) -> str | None:
-    """The IPv4 address of a network interface (SIOCGIFADDR), or None."""
-    import fcntl
-    import struct
-
-    try:
-        with _std.socket(_std.AF_INET, _std.SOCK_DGRAM) as u:
-            req = struct.pack("256s", ifname.encode()[:15])
-            res = fcntl.ioctl(u.fileno(), 0x8915, req)  # SIOCGIFADDR
-    except OSError:
-        return None
-    return _std.inet_ntoa(res[20:24])
-
-
-def _verbs_target(family: int, host: str) -> tuple[int, str]:
-    """rdma_cm cannot route loopback addresses (on rxe it answers ENODEV):
-    RSOCK_PROVIDER=verbs on 127.0.0.1 or ::1 uses the IPv4 address of the
-    first RDMA device's network interface instead (or RSOCK_VERBS_LOOPBACK).
-    Returns the (family, host) to hand to rdma_cm."""
-    try:
-        loop = ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return family, host
-    if not loop:
-        return family, host
-    env = os.environ.get("RSOCK_VERBS_LOOPBACK", "")
-    if env:
-        return _std.AF_INET, env
-    import glob
-
-    for nd in sorted(glob.glob("/sys/class/infiniband/*/ports/*/gid_attrs/ndevs/0")):
-        try:
-            with open(nd) as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        a = _ifaddr4(name) if name else None
-        if a:
-            return _std.AF_INET, a
-    return family, host
-
-
-def _verbs_host(family: int, host: str) -> str:
-    return _verbs_target(family, host)[1]
-
-
-def _v4_mapped(addr: tuple[Any, ...]) -> tuple[Any, ...]:
-    """An IPv4 peer of a dual-stack AF_INET6 socket, as the kernel shows it."""
-    if len(addr) == 2:
-        return (f"::ffff:{addr[0]}", addr[1], 0, 0)
-    return addr
 
 
 class _Core:
@@ -564,7 +431,9 @@ class socket:
 
     _h: _ll.Handle | None
     _core: _Core
-    _k: _std.socket | None  # only once the connection went the TCP way
+    # the TCP path (rsock._tcp), once the connection went that way: then
+    # every method is the kernel socket's (the object stays this one)
+    _tcp: TcpPath | None = None
     # set on the sockets an rsock.SSLSocket holds: an unclosed one is reported
     # by the SSLSocket's own ResourceWarning, as the stdlib names its SSLSocket
     _tls_owned = False
@@ -641,6 +510,21 @@ class socket:
         self._provider_name = _ll.provider(h) or self._provider_name
         return self
 
+    def _on_tcp(self, k: _std.socket) -> socket:
+        """A new socket object on the TCP path, carried by kernel socket k
+        (a plain TCP client accepted by this listener, or a dup)."""
+        sock = socket.__new__(socket)
+        sock._family = self._family
+        sock._proto = self._proto
+        sock._provider_name = "tcp"
+        sock._closed = False
+        sock._io_refs = 0
+        sock._h = None
+        sock._tcp = TcpPath(k)
+        # the kernel's accept already applied the stdlib's timeout rule
+        sock._timeout = k.gettimeout()
+        return sock
+
     # ------------------------------------------------------------ basics
 
     @property
@@ -662,7 +546,10 @@ class socket:
 
     @property
     def provider(self) -> str | None:
-        """Which path the connection took ("shm", "verbs"), None if not connected."""
+        """Which path the connection took ("shm", "verbs", "tcp"), None if not
+        connected."""
+        if self._tcp is not None:
+            return self._tcp.provider
         return self._provider_name if self._h is not None and self._core.connected else None
 
     def _handle(self) -> _ll.Handle:
@@ -684,7 +571,7 @@ class socket:
         closed, like the stdlib.  A ``dup()`` shares it."""
         h = self._h
         if h is None:
-            return -1
+            return -1 if self._tcp is None else self._tcp.fileno()
         self._watch(_ll.WATCH_FD)
         return _ll.fileno(h)
 
@@ -699,20 +586,37 @@ class socket:
     def _unwatch(self, mask: int) -> None:
         """Turn off what ``_watch`` turned on."""
         h = self._h
+        if h is None:
+            return
         core = self._core
-        if h is not None and core.watch & mask:
+        if core.watch & mask:
             core.watch &= ~mask
             _ll.set_watch(h, core.watch)
 
+    def watch(self) -> Watch:
+        """For an event loop: the connection's notify and liveness fds,
+        kept exact by the engine without a thread (``rsock._readiness``;
+        what ``rsock.asyncio`` and ``rsock.patch()`` watch)."""
+        h = self._h
+
+        def is_open() -> bool:
+            return h is not None and self._h is h
+
+        return Watch(h, is_open, self._raise, self._watch, self._unwatch)
+
+    @routed
     def get_inheritable(self) -> bool:
         """Whether the pollable fd is inherited by child processes (it is
         not by default; a connection is unusable in a child anyway)."""
         return os.get_inheritable(self.fileno())
 
+    @routed
     def set_inheritable(self, inheritable: bool) -> None:
         os.set_inheritable(self.fileno(), inheritable)
 
     def __repr__(self) -> str:
+        if self._tcp is not None:
+            return self._tcp.repr(self._family)
         h = self._h
         closed = getattr(self, "_closed", False)
         s = (
@@ -742,7 +646,12 @@ class socket:
             self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_h", None) is not None:
+        if self._tcp is not None:
+            if self._tcp.k is not None:
+                if not self._tls_owned:
+                    warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
+                self._tcp.close()
+        elif getattr(self, "_h", None) is not None:
             if not self._closed and not self._tls_owned:
                 warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
             self._real_close()
@@ -758,6 +667,9 @@ class socket:
             self._real_close()
 
     def _real_close(self) -> None:
+        if self._tcp is not None:
+            self._tcp.close()
+            return
         h, self._h = self._h, None
         if h is not None:
             self._core.release()
@@ -773,6 +685,8 @@ class socket:
         """A second socket object for the same connection (or listener); the
         connection closes when the last of them is closed.  Unlike the
         stdlib, both objects return the same ``fileno()``."""
+        if self._tcp is not None:
+            return self._on_tcp(self._tcp.kernel().dup())
         h = self._handle()
         core = self._core
         core.acquire()
@@ -785,7 +699,10 @@ class socket:
         """Not supported on an open socket: the connection lives in the rsock
         engine, not in a file descriptor that could be handed over, so this
         raises ``OSError(EOPNOTSUPP)`` and leaves the socket as it was.  On a
-        closed socket it returns -1, like the stdlib."""
+        closed socket it returns -1, like the stdlib.  (On the TCP path it
+        is the kernel socket's, which hands its fd over.)"""
+        if self._tcp is not None:
+            return self._tcp.detach()
         h = self._h
         if h is None:
             self._closed = True
@@ -818,9 +735,23 @@ class socket:
         files are closed too."""
         return make_file(self, mode, buffering, encoding, errors, newline)
 
+    def take_kernel(self) -> _std.socket | None:
+        """On the TCP path: hands the kernel socket over (to an event
+        loop's own transport); this object is closed from now on and the
+        caller owns the socket.  None for an rsock connection, which has
+        no kernel socket."""
+        if self._tcp is None:
+            return None
+        k = self._tcp.take()
+        self._closed = True
+        return k
+
     # ------------------------------------------------------------ timeouts
 
     def settimeout(self, value: float | None, /) -> None:
+        if self._tcp is not None:
+            self._timeout = self._tcp.settimeout(value)
+            return
         val: Any = value
         if val is None:
             t = None
@@ -846,6 +777,9 @@ class socket:
         return self._timeout
 
     def setblocking(self, flag: bool, /) -> None:
+        if self._tcp is not None:
+            self._timeout = self._tcp.setblocking(flag)
+            return
         block = _c_long(flag)
         self._handle()
         self._timeout = None if block else 0.0
@@ -853,30 +787,50 @@ class socket:
     def getblocking(self) -> bool:
         return self._timeout != 0.0
 
+    # The blocking-call helper (CPython's sock_call_ex, trio's
+    # _nonblocking_helper): _clock() takes the timeout and deadline once per
+    # call, _attempt() runs one engine call to completion across EINTR with
+    # the time left, _fail() turns its -errno into the exception (the one
+    # TimeoutError("timed out") of this module: _timeout_error()).  _call()
+    # is the three together; loops that keep partial progress (sendall,
+    # sendmsg, recvmsg_into) or that do more than one call (connect's names,
+    # accept's TCP clients) use the pieces.
+
     def _clock(self) -> tuple[float | None, float | None]:
         """(timeout, deadline) as they stand when a call starts: the call
         keeps them, whatever settimeout() another thread makes meanwhile
         (as CPython's sock_call reads sock_timeout once)."""
-        t = self._timeout
-        return t, (None if t is None or t == 0.0 else time.monotonic() + t)
+        return _clock(self._timeout)
+
+    @staticmethod
+    def _attempt(
+        fn: Any, h: _ll.Handle, args: tuple[Any, ...], timeout: float | None, deadline: float | None
+    ) -> Any:
+        """``fn(h, *args, ms)`` with ms the time left (-1: none, 0:
+        non-blocking), again while it is interrupted (PEP 475: the signal
+        handlers run on the loop's way back, and may raise); its result."""
+        while True:
+            r = fn(h, *args, _timeout_ms(timeout, deadline))
+            if (r[0] if type(r) is tuple else r) != _EINTR:
+                return r
+
+    def _fail(self, rc: int, timeout: float | None, detail: bool = True) -> OSError:
+        """The exception for an engine call's -errno: the socket timeout's
+        ``TimeoutError`` if it expired, else the error (with the engine's
+        detail for a reset or refusal unless ``detail`` is false)."""
+        if _expired(rc, timeout):
+            return _timeout_error()
+        return self._raise(rc) if detail else _ll.oserror(rc)
 
     def _call(self, fn: Any, *args: Any) -> int:
         """Runs ``fn(handle, *args, timeout_ms)`` with the stdlib's timeout
         and EINTR policy; returns its non-negative result."""
         h = self._handle()
         timeout, deadline = self._clock()
-        while True:
-            rc: int = fn(h, *args, _timeout_ms(timeout, deadline))
-            if rc >= 0:
-                return rc
-            if rc == -_errno.EINTR:
-                continue  # PEP 475 (signal handlers ran on the way back)
-            if rc == -_errno.ETIMEDOUT and timeout:
-                raise TimeoutError("timed out")
-            if rc == -_errno.EAGAIN and timeout:
-                # an expired timeout with nothing to do
-                raise TimeoutError("timed out")
-            raise self._raise(rc)
+        rc: int = self._attempt(fn, h, args, timeout, deadline)
+        if rc >= 0:
+            return rc
+        raise self._fail(rc, timeout)
 
     # ------------------------------------------------------------ addresses
 
@@ -888,6 +842,7 @@ class socket:
             core.tcp = _std.socket(self._family, _std.SOCK_STREAM)
         return core.tcp
 
+    @routed
     def bind(self, address: Any, /) -> None:
         core = self._core
         tcp = core.tcp
@@ -904,7 +859,7 @@ class socket:
         socket handed to other processes (fork, multiprocessing) before it
         listens is then one listener in all of them, whichever listen()s."""
         core = self._core
-        for name in self._listen_names(tcp):
+        for name in _paths.listen_names(self._family, tcp):
             if name in core.rv:
                 continue
             fd = _ll.rendezvous_bind(name)
@@ -912,12 +867,14 @@ class socket:
                 raise _ll.oserror(fd)
             core.rv[name] = fd
 
+    @routed
     def getsockname(self) -> Any:
         self._handle()
         if self._core.local is not None:
             return self._core.local
         return self._reserve().getsockname()
 
+    @routed
     def getpeername(self) -> Any:
         self._handle()
         core = self._core
@@ -927,6 +884,7 @@ class socket:
 
     # ------------------------------------------------------------ options
 
+    @routed
     def setsockopt(
         self, level: int, optname: int, value: Any, optlen: int | None = None, /
     ) -> None:
@@ -976,6 +934,7 @@ class socket:
             core.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
             core.ring_set = True
 
+    @routed
     def getsockopt(self, level: int, optname: int, buflen: int | None = None, /) -> Any:
         """``socket.getsockopt``; ``SO_RCVBUF``/``SO_SNDBUF`` report the ring
         size, ``SO_ERROR`` the outcome of a non-blocking connect or the
@@ -1013,13 +972,16 @@ class socket:
 
     def listen(self, backlog: int = -1, /) -> None:
         backlog = _c_int(backlog, True)
+        if self._tcp is not None:
+            self._tcp.listen(backlog)
+            return
         h = self._handle()
         core = self._core
         if core.connected:
             raise OSError(_errno.EINVAL, "Invalid argument")
         if backlog < 0:
             backlog = min(_std.SOMAXCONN, 128)
-        self._check_provider()
+        _paths.check_provider(self._provider_name)
         if core.listening:
             self._reserve().listen(backlog)
             return
@@ -1032,7 +994,7 @@ class socket:
             tcp.bind(("0.0.0.0", 0) if self._family == _std.AF_INET else ("::", 0))
             core.bound = True
         host, port = tcp.getsockname()[:2]
-        for name in self._listen_names(tcp):
+        for name in _paths.listen_names(self._family, tcp):
             fd = core.rv.pop(name, None)
             if fd is None:
                 rc = _ll.listen(h, name, backlog)
@@ -1043,8 +1005,8 @@ class socket:
             if rc < 0:
                 raise _ll.oserror(rc)
         # remote RDMA clients (rdma_cm has its own port space: same number)
-        if self._provider_name == "verbs" or verbs_available()[0] > 0:
-            vfam, vhost = _verbs_target(self._family, host)
+        if _paths.takes_verbs(self._provider_name):
+            vfam, vhost = _paths.verbs_target(self._family, host)
             rc = _ll.listen_verbs(h, vfam, vhost, port, backlog)
             if rc < 0 and self._provider_name == "verbs":
                 raise _ll.oserror(rc, _ll.detail(h))
@@ -1057,19 +1019,11 @@ class socket:
             raise _ll.oserror(rc)
         core.listening = True
 
-    def _listen_names(self, tcp: _std.socket) -> list[bytes]:
-        """The rendezvous names a listener bound where tcp is takes."""
-        host, port = tcp.getsockname()[:2]
-        names = [f"rsock/{'4' if self._family == _std.AF_INET else '6'}/{host}/{port}".encode()]
-        if (
-            self._family == _std.AF_INET6
-            and host == "::"
-            and not tcp.getsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY)
-        ):
-            names.append(f"rsock/4/0.0.0.0/{port}".encode())
-        return names
-
     def accept(self) -> tuple[socket, Any]:
+        if self._tcp is not None:
+            conn, addr = self._tcp.kernel().accept()
+            _tally("accept:tcp")
+            return self._on_tcp(conn), addr
         h = self._handle()
         if not self._core.listening:
             raise OSError(_errno.EINVAL, "Invalid argument")
@@ -1077,11 +1031,9 @@ class socket:
         peer: tuple[Any, ...] | None = None
         local: tuple[Any, ...] | None = None
         while True:
-            rc, nh, peer, local = _ll.accept(h, _timeout_ms(timeout, deadline))
+            rc, nh, peer, local = self._attempt(_ll.accept, h, (), timeout, deadline)
             if rc >= 0:
                 break
-            if rc == -_errno.EINTR:
-                continue
             if rc == -_errno.EXDEV:
                 # a plain TCP client on our port
                 try:
@@ -1095,26 +1047,11 @@ class socket:
                     _tally("refused:tcp")
                     continue
                 _tally("accept:tcp")
-                return _TcpSocket._wrap(self, conn), addr
-            if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and timeout:
-                raise TimeoutError("timed out")
-            raise _ll.oserror(rc)
+                return self._on_tcp(conn), addr
+            raise self._fail(rc, timeout, detail=False)
         assert nh is not None
         mine = self._reserve().getsockname()
-        if peer is None or local is None or local[1] != mine[1]:
-            # the client's announced addresses are not ours: use what we know
-            local = mine
-            peer = peer or mine
-        if local[0] != mine[0] and local[0] == _verbs_host(self._family, str(mine[0])):
-            # RSOCK_PROVIDER=verbs on loopback (mapped to the RDMA device's
-            # address): show the connection as the loopback one it stands for
-            v6 = (0, 0) if self._family == _std.AF_INET6 else ()
-            if peer[0] == local[0]:
-                peer = (mine[0], peer[1], *v6)
-            local = (mine[0], local[1], *v6)
-        if self._family == _std.AF_INET6:
-            # an IPv4 client of a dual-stack listener
-            peer, local = _v4_mapped(peer), _v4_mapped(local)
+        peer, local = _paths.accepted_addrs(self._family, mine, peer, local)
         sock = socket._accepted(self, nh, peer, local)
         _tally(f"accept:{sock._provider_name}")
         if _std.getdefaulttimeout() is None and self.gettimeout():
@@ -1123,20 +1060,9 @@ class socket:
 
     # ------------------------------------------------------------ client side
 
-    def _check_provider(self) -> None:
-        if self._provider_name not in ("shm", "tcp", "verbs"):
-            raise OSError(
-                _errno.EPROTONOSUPPORT,
-                f"RSOCK_PROVIDER={self._provider_name!r}: rsock has 'shm', 'verbs' and 'tcp'",
-            )
-        if self._provider_name == "verbs":
-            rc, why = verbs_available()
-            if rc <= 0:
-                raise OSError(-rc if rc < 0 else _errno.ENODEV, why)
-
     def _become_tcp(self) -> None:
-        """From now on this object is a plain TCP socket (the reserving
-        kernel socket), with rsock's class and the stdlib's behaviour."""
+        """From now on this object is on the TCP path: the reserving kernel
+        socket carries the connection, with the stdlib's behaviour."""
         core = self._core
         k = self._reserve()
         with core.lock:
@@ -1145,8 +1071,7 @@ class socket:
         if h is not None:
             core.release()
         k.settimeout(self._timeout)
-        self._k = k
-        self.__class__ = _TcpSocket
+        self._tcp = TcpPath(k)
 
     def _resolve(self, address: Any, what: str = "connect") -> tuple[Any, ...]:
         fam = "AF_INET" if self._family == _std.AF_INET else "AF_INET6"
@@ -1187,29 +1112,22 @@ class socket:
         """One connect attempt to a resolved address: the rendezvous names for
         it, most specific first.  Returns the engine's result."""
         host = str(dst[0])
-        local, src_ip = _is_local(self._family, host)
-        if self._provider_name == "verbs" or (not local and verbs_available()[0] > 0):
-            if not core.bound and src_ip:
-                fam = self._family
-                self._reserve().bind((src_ip, 0) if fam == _std.AF_INET else (src_ip, 0, 0, 0))
-                core.bound = True
-            return self._dial_verbs(h, core, dst, timeout_ms)
-        if not local:
-            core.detail = f"{host} is not on this host"
+        way, src_ip = _paths.route(self._provider_name, self._family, host)
+        if not way:
+            core.detail = src_ip  # why not
             return -_errno.ECONNREFUSED
-        tcp = self._reserve()
-        if not core.bound:
-            tcp.bind((src_ip, 0) if self._family == _std.AF_INET else (src_ip, 0, 0, 0))
+        if not core.bound and src_ip:
+            fam = self._family
+            self._reserve().bind((src_ip, 0) if fam == _std.AF_INET else (src_ip, 0, 0, 0))
             core.bound = True
-        src = tuple(tcp.getsockname())
-        deadline = None if timeout_ms <= 0 else time.monotonic() + timeout_ms / 1000
+        if way == "verbs":
+            return self._dial_verbs(h, core, dst, timeout_ms)
+        src = tuple(self._reserve().getsockname())
+        timeout, deadline = _clock(timeout_ms / 1000)
         rc = -_errno.ECONNREFUSED
-        for name in _names(self._family, host, dst[1]):
-            while True:
-                ms = timeout_ms if deadline is None else _timeout_ms(1.0, deadline)
-                rc = _ll.connect(h, name, self._family, src, dst, ms)
-                if rc != -_errno.EINTR:
-                    break
+        for name in _paths.client_names(self._family, host, dst[1]):
+            args = (name, self._family, src, dst)
+            rc = self._attempt(_ll.connect, h, args, timeout, deadline)
             if rc != -_errno.ECONNREFUSED:
                 break
         if rc >= 0:
@@ -1224,22 +1142,16 @@ class socket:
         """Connects over rdma_cm.  Address and route resolution cannot be
         left half-done like a TCP SYN, so a non-blocking connect waits for
         them too (bounded: 10 s)."""
-        vfam, vhost = _verbs_target(self._family, str(dst[0]))
-        vdst = (vhost, *dst[1:]) if vfam == self._family else (vhost, dst[1])
+        vfam, vdst, flags = _paths.verbs_dst(self._family, dst)
         if not core.ring_set:  # registered memory is pinned: the smaller default
             o = _ll.get_opts(h)
             if o.ring_size != VERBS_RING_SIZE:
                 rc = _ll.set_opts(h, dataclasses.replace(o, ring_size=VERBS_RING_SIZE))
                 if rc < 0:
                     return rc
-        flags = 0
-        if vhost != dst[0]:  # loopback, mapped: the server shows it as such
-            six = self._family == _std.AF_INET6 and ":" in str(dst[0])
-            flags = _ll.VF_LOOPBACK6 if six else _ll.VF_LOOPBACK4
-        while True:
-            rc = _ll.connect_verbs(h, vfam, None, vdst, flags, timeout_ms or 10000)
-            if rc != -_errno.EINTR:
-                break
+        timeout, deadline = _clock((timeout_ms or 10000) / 1000)
+        args = (vfam, None, vdst, flags)
+        rc = cast(int, self._attempt(_ll.connect_verbs, h, args, timeout, deadline))
         if rc >= 0:
             core.connected = True
             core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
@@ -1247,12 +1159,10 @@ class socket:
             _tally("connect:verbs")
             local, _ = _ll.conn_addrs(h)
             if local is not None:
-                # the rdma_cm port; the host as dialed when loopback was mapped
                 mine = self._reserve().getsockname()
-                if vdst[0] != dst[0]:
-                    core.local = (mine[0], local[1], *mine[2:])
-                elif vfam == self._family:
-                    core.local = local
+                shown = _paths.dialed_local(self._family, dst, vfam, vdst, local, mine)
+                if shown is not None:
+                    core.local = shown
         else:
             core.detail = _ll.detail(h)
         return rc
@@ -1268,14 +1178,14 @@ class socket:
             return -_errno.EISCONN
         if core.listening:
             return -_errno.EINVAL
-        self._check_provider()
+        _paths.check_provider(self._provider_name)
         if core.rv:  # bound names no listener will take (a client bound first)
             rv, core.rv = core.rv, {}
             for fd in rv.values():
                 os.close(fd)
         core.detail = ""
         if self._provider_name == "tcp":
-            return _FALLBACK
+            return FALLBACK
         if self._timeout != 0.0:
             ms = _timeout_ms(*self._clock())
             rc = self._dial(h, core, dst, ms if ms >= 0 else self._give_up_ms())
@@ -1284,7 +1194,7 @@ class socket:
         # getsockopt(SO_ERROR) or a second connect().  The engine's connect
         # completes at once from the listener's queue, so there is one.
         rc = self._fallback_or(self._dial(h, core, dst, 0))
-        if rc == _FALLBACK:
+        if rc == FALLBACK:
             return rc
         if rc >= 0:
             core.nb = _NB_DONE
@@ -1319,7 +1229,7 @@ class socket:
         def dial() -> None:
             try:
                 rc = self._fallback_or(self._dial(h, core, dst, give_up))  # retries EINTR
-                if rc == _FALLBACK:
+                if rc == FALLBACK:
                     rc = -_errno.ECONNREFUSED  # TCP fallback: not behind a pending connect
                 if rc >= 0:
                     core.nb = _NB_DONE
@@ -1333,16 +1243,16 @@ class socket:
         threading.Thread(target=dial, name="rsock-connect", daemon=True).start()
 
     def _fallback_or(self, rc: int) -> int:
-        """No rsock listener answered: _FALLBACK to plain TCP unless
+        """No rsock listener answered: FALLBACK to plain TCP unless
         RSOCK_FALLBACK=never (then the refusal stands, with the reason)."""
         if rc != -_errno.ECONNREFUSED:
             return rc
-        mode = fallback_mode()
-        if mode:
-            core = self._core
-            core.detail = f"{core.detail or 'no rsock listener'}; RSOCK_FALLBACK={mode}"
-            return rc
-        return _FALLBACK
+        core = self._core
+        why = _paths.refusal(core.detail)
+        if why is None:
+            return FALLBACK
+        core.detail = why
+        return rc
 
     def _connect_again(self, h: _ll.Handle, core: _Core) -> int:
         """connect() after a non-blocking one reported EINPROGRESS: what
@@ -1362,9 +1272,10 @@ class socket:
             return -_errno.ETIMEDOUT
         return self._connect_again(h, core)
 
+    @routed
     def connect(self, address: Any, /) -> None:
         rc = self._connect(address)
-        if rc == _FALLBACK:
+        if rc == FALLBACK:
             self._become_tcp()
             try:
                 self.connect(address)
@@ -1375,14 +1286,15 @@ class socket:
             return
         if rc >= 0:
             return
-        if rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and self._timeout:
-            raise TimeoutError("timed out")
+        if _expired(rc, self._timeout):
+            raise _timeout_error()
         h = self._h
         d = self._core.detail or (_ll.detail(h) if h is not None else "")
         if rc in (-_errno.EINPROGRESS, -_errno.EALREADY):
             d = ""
         raise _ll.oserror(rc, d)
 
+    @routed
     def connect_ex(self, address: Any, /) -> int:
         try:
             rc = self._connect(address, "connect_ex")
@@ -1390,7 +1302,7 @@ class socket:
             if e.errno is None or isinstance(e, _std.gaierror):
                 raise
             return e.errno
-        if rc == _FALLBACK:
+        if rc == FALLBACK:
             self._become_tcp()
             rc = self.connect_ex(address)
             if rc in (0, _errno.EINPROGRESS):
@@ -1437,11 +1349,6 @@ class socket:
                 f"a bytes-like object is required, not '{type(data).__name__}'"
             ) from None
 
-    @staticmethod
-    def _timed_out(rc: int, timeout: float | None) -> bool:
-        """Is rc an expired socket timeout (not non-blocking mode)?"""
-        return rc in (-_errno.ETIMEDOUT, -_errno.EAGAIN) and bool(timeout)
-
     def send(self, data: Buffer, flags: int = 0, /) -> int:
         h = self._h
         if h is not None and self._timeout is None and not flags and type(flags) is int:
@@ -1455,6 +1362,8 @@ class socket:
                 if rc != -_errno.EINTR:
                     # the engine reports an error once: never ask twice
                     raise self._raise(rc)
+        elif self._tcp is not None:
+            return self._tcp.kernel().send(data, flags)
         buf = self._cbuf(data)
         try:
             return self._call(_ll.send, buf, len(buf), self._flags(flags))
@@ -1479,6 +1388,8 @@ class socket:
                 # send: the slow path resumes after rc bytes
                 self._sendall(data, flags, max(rc, 0))
                 return
+        elif self._tcp is not None:
+            return self._tcp.kernel().sendall(data, flags)
         self._sendall(data, flags, 0)
 
     def _sendall(self, data: Buffer, flags: int, done: int) -> None:
@@ -1495,18 +1406,14 @@ class socket:
         h = self._handle()
         timeout, deadline = self._clock()
         while done < n or n == 0:
-            rc = _ll.send(h, buf + done, n - done, f, _timeout_ms(timeout, deadline))
-            if rc >= 0:
-                done += rc
-                if n == 0:
-                    return
-                continue
-            if rc == -_errno.EINTR:
-                continue
-            if self._timed_out(rc, timeout):
-                raise TimeoutError("timed out")
-            raise self._raise(rc)
+            rc = self._attempt(_ll.send, h, (buf + done, n - done, f), timeout, deadline)
+            if rc < 0:
+                raise self._fail(rc, timeout)
+            done += rc
+            if n == 0:
+                return
 
+    @routed
     def sendto(self, data: Buffer, flags_or_address: Any, address: Any = None, /) -> int:
         """``socket.sendto(data[, flags], address)``: on a connected stream
         socket the address is checked, then ignored, as Linux TCP does."""
@@ -1518,6 +1425,7 @@ class socket:
         self._resolve(address, "sendto")
         return self.send(data, flags)
 
+    @routed
     def sendmsg(
         self,
         buffers: Iterable[Buffer],
@@ -1563,16 +1471,11 @@ class socket:
             n = len(b)
             if n == 0:
                 continue
-            while True:
-                rc = _ll.send(h, b, n, f, _timeout_ms(timeout, deadline))
-                if rc != -_errno.EINTR:
-                    break
+            rc: int = self._attempt(_ll.send, h, (b, n, f), timeout, deadline)
             if rc < 0:
                 if sent:
                     return sent  # like the kernel: what went, the error next time
-                if self._timed_out(rc, timeout):
-                    raise TimeoutError("timed out")
-                raise self._raise(rc)
+                raise self._fail(rc, timeout)
             sent += rc
             if rc < n:
                 return sent
@@ -1593,6 +1496,8 @@ class socket:
                     return r
                 if r != -_errno.EINTR:
                     raise self._raise(r)  # reported once: never ask twice
+        elif self._tcp is not None:
+            return self._tcp.kernel().recv(bufsize, flags)
         return self._recv(bufsize, flags)
 
     def _recv(self, bufsize: int, flags: int, what: str = "recv") -> bytes:
@@ -1607,15 +1512,10 @@ class socket:
             n = self._call(_ll.recv_into, _ll.from_buffer(buf, True), bufsize, f)
             return bytes(buf[:n])
         timeout, deadline = self._clock()
-        while True:
-            r = _ll.recv_bytes(h, bufsize, f, _timeout_ms(timeout, deadline))
-            if isinstance(r, bytes):
-                return r
-            if r == -_errno.EINTR:
-                continue
-            if self._timed_out(r, timeout):
-                raise TimeoutError("timed out")
-            raise self._raise(r)
+        r = self._attempt(_ll.recv_bytes, h, (bufsize, f), timeout, deadline)
+        if isinstance(r, bytes):
+            return r
+        raise self._fail(r, timeout)
 
     def recv_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> int:
         h = self._h
@@ -1631,6 +1531,8 @@ class socket:
                     return rc
                 if rc != -_errno.EINTR:
                     raise self._raise(rc)  # reported once: never ask twice
+        elif self._tcp is not None:
+            return self._tcp.kernel().recv_into(buffer, nbytes, flags)
         return self._recv_into(buffer, nbytes, flags)
 
     def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:
@@ -1653,14 +1555,17 @@ class socket:
             _release(buf)
             raise
 
+    @routed
     def recvfrom(self, bufsize: int, flags: int = 0, /) -> tuple[bytes, Any]:
         """``socket.recvfrom``: the address is None, as for a TCP socket."""
         return self._recv(bufsize, flags, "recvfrom"), None
 
+    @routed
     def recvfrom_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> tuple[int, Any]:
         """``socket.recvfrom_into``: the address is None, as for TCP."""
         return self._recv_into(buffer, nbytes, flags, "recvfrom_into"), None
 
+    @routed
     def recvmsg(
         self, bufsize: int, ancbufsize: int = 0, flags: int = 0, /
     ) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]:
@@ -1677,6 +1582,7 @@ class socket:
             return b"", [], 0, None
         return self._recv(bufsize, flags), [], 0, None
 
+    @routed
     def recvmsg_into(
         self, buffers: Iterable[Buffer], ancbufsize: int = 0, flags: int = 0, /
     ) -> tuple[int, list[tuple[int, int, bytes]], int, Any]:
@@ -1728,20 +1634,13 @@ class socket:
         got = 0
         for b in bufs:
             n = len(b)
-            while True:
-                if got and not waitall:
-                    ms = 0  # readv: further buffers get what is already there
-                else:
-                    ms = _timeout_ms(timeout, deadline)
-                rc = _ll.recv_into(h, b, n, f, ms)
-                if rc != -_errno.EINTR:
-                    break
+            # readv: further buffers get what is already there (non-blocking)
+            t = 0.0 if got and not waitall else timeout
+            rc = self._attempt(_ll.recv_into, h, (b, n, f), t, deadline)
             if rc < 0:
                 if got:
                     return got, [], 0, None
-                if self._timed_out(rc, timeout):
-                    raise TimeoutError("timed out")
-                raise self._raise(rc)
+                raise self._fail(rc, timeout)
             got += rc
             if rc < n:
                 break
@@ -1754,9 +1653,8 @@ class socket:
         timeout, deadline = self._clock()
         nonblocking = timeout == 0.0 or f & _ll.F_DONTWAIT
         while True:
-            rc = _ll.wait(h, _ll.POLLIN, 0 if nonblocking else _timeout_ms(timeout, deadline))
-            if rc == -_errno.EINTR:
-                continue
+            t = 0.0 if nonblocking else timeout
+            rc = self._attempt(_ll.wait, h, (_ll.POLLIN,), t, deadline)
             if rc < 0:
                 raise self._raise(rc)
             if rc:
@@ -1764,8 +1662,9 @@ class socket:
             if nonblocking:
                 raise BlockingIOError(_errno.EAGAIN, os.strerror(_errno.EAGAIN))
             if timeout is not None:
-                raise TimeoutError("timed out")
+                raise _timeout_error()
 
+    @routed
     def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
         """``socket.sendfile``: a regular file is read with ``os.preadv`` from
         ``offset`` (absolute, as ``os.sendfile`` reads) into one reused buffer
@@ -1787,6 +1686,7 @@ class socket:
             if count <= 0:
                 raise ValueError(f"count must be a positive integer (got {count!r})")
 
+    @routed
     def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
         """The stdlib's ``os.sendfile`` path, for a regular file: raises
         ``socket._GiveupOnSendfile`` for anything else, as the stdlib does."""
@@ -1816,6 +1716,7 @@ class socket:
         finally:
             view.release()
 
+    @routed
     def _sendfile_use_send(self, file: Any, offset: int = 0, count: int | None = None) -> int:
         """The stdlib's ``send()`` path: reads the file object from
         ``offset`` (seeking only when one is given) and sends each chunk."""
@@ -1864,6 +1765,7 @@ class socket:
             if total > 0 and hasattr(file, "seek"):
                 file.seek(offset + total)
 
+    @routed
     def shutdown(self, how: int, /) -> None:
         how = _c_int(how)
         h = self._handle()
@@ -1879,11 +1781,19 @@ class socket:
 
     def stats(self) -> dict[str, int]:
         """Per-connection counters (bytes and messages each way, credit and
-        ring-space stalls, notifications armed and sent, spins, sleeps)."""
+        ring-space stalls, notifications armed and sent, spins, sleeps;
+        empty on the TCP path)."""
+        if self._tcp is not None:
+            self._tcp.kernel()
+            return {}
         return _ll.stats(self._handle())
 
     def rsock_opts(self) -> dict[str, int]:
-        """Ring size, queue depth, inline threshold and spin time in force."""
+        """Ring size, queue depth, inline threshold and spin time in force
+        (empty on the TCP path)."""
+        if self._tcp is not None:
+            self._tcp.kernel()
+            return {}
         o = _ll.get_opts(self._handle())
         return {
             "ring_size": o.ring_size,
@@ -1891,129 +1801,6 @@ class socket:
             "inline_max": o.inline_max,
             "spin_us": o.spin_us,
         }
-
-
-class _TcpSocket(socket):
-    """An rsock socket whose connection took the plain TCP path (fallback,
-    a TCP client of an rsock listener, or RSOCK_PROVIDER=tcp): every call
-    goes to the kernel socket, so behaviour is the stdlib's exactly."""
-
-    @classmethod
-    def _wrap(cls, parent: socket, k: _std.socket) -> _TcpSocket:
-        self = cls.__new__(cls)
-        self._family = parent._family
-        self._proto = parent._proto
-        self._provider_name = "tcp"
-        self._closed = False
-        self._io_refs = 0
-        self._h = None
-        self._k = k
-        # the kernel's accept already applied the stdlib's timeout rule
-        self._timeout = k.gettimeout()
-        return self
-
-    def _kernel(self) -> _std.socket:
-        k = self._k
-        if k is None:
-            raise _ebadf()
-        return k
-
-    @property
-    def provider(self) -> str | None:
-        return "tcp" if self._k is not None else None
-
-    def fileno(self) -> int:
-        k = self._k
-        return -1 if k is None else k.fileno()
-
-    def _real_close(self) -> None:
-        k, self._k = self._k, None
-        if k is not None:
-            k.close()
-
-    def close(self) -> None:
-        self._closed = True
-        if self._io_refs <= 0:
-            self._real_close()
-
-    def __del__(self) -> None:
-        k = getattr(self, "_k", None)
-        if k is not None:
-            if not self._tls_owned:
-                warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=2, source=self)
-            self._real_close()
-
-    def __repr__(self) -> str:
-        k = self._k
-        if k is None:
-            return f"<rsock.socket [closed] fd=-1, family={self._family}, provider='tcp'>"
-        return repr(k).replace("<socket.socket", "<rsock.socket", 1)[:-1] + ", provider='tcp'>"
-
-    def settimeout(self, value: float | None, /) -> None:
-        k = self._kernel()
-        k.settimeout(value)  # the stdlib validates
-        self._timeout = k.gettimeout()
-
-    def setblocking(self, flag: bool, /) -> None:
-        k = self._kernel()
-        k.setblocking(flag)
-        self._timeout = k.gettimeout()
-
-    def dup(self) -> _TcpSocket:
-        return _TcpSocket._wrap(self, self._kernel().dup())
-
-    def detach(self) -> int:
-        k, self._k = self._k, None
-        return -1 if k is None else k.detach()
-
-    def take_kernel(self) -> _std.socket:
-        """Hand the kernel socket over (to an event loop's own transport):
-        this object is closed from now on, the caller owns the socket."""
-        k = self._kernel()
-        self._k = None
-        self._closed = True
-        return k
-
-    def accept(self) -> tuple[socket, Any]:
-        conn, addr = self._kernel().accept()
-        _tally("accept:tcp")
-        return _TcpSocket._wrap(self, conn), addr
-
-    def listen(self, backlog: int = -1, /) -> None:
-        backlog = _c_int(backlog, True)
-        k = self._kernel()
-        if backlog < 0:
-            k.listen()
-        else:
-            k.listen(backlog)
-
-    def stats(self) -> dict[str, int]:
-        self._kernel()
-        return {}
-
-    def rsock_opts(self) -> dict[str, int]:
-        self._kernel()
-        return {}
-
-
-def _delegate(name: str) -> Any:
-    def method(self: _TcpSocket, *args: Any, **kw: Any) -> Any:
-        return getattr(self._kernel(), name)(*args, **kw)
-
-    method.__name__ = name
-    method.__doc__ = f"``socket.socket.{name}`` on the kernel socket."
-    return method
-
-
-for _name in (
-    "bind", "connect", "connect_ex", "getsockname", "getpeername", "setsockopt",
-    "getsockopt", "send", "sendall", "sendto", "sendmsg", "recv", "recv_into",
-    "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into", "shutdown", "sendfile",
-    "_sendfile_use_sendfile", "_sendfile_use_send",
-    "get_inheritable", "set_inheritable",
-):
-    setattr(_TcpSocket, _name, _delegate(_name))
-del _name
 
 
 def _read_only(data: Any) -> bool:
@@ -2163,6 +1950,8 @@ def _reduce_for_child(sock: socket) -> tuple[Any, ...]:
     (README, differences)."""
     from multiprocessing import reduction
 
+    if sock._tcp is not None:
+        return sock._tcp.reduce()  # a kernel socket: it goes over as one
     h = sock._handle()
     core = sock._core
     if core.connected or core.nb:
@@ -2174,7 +1963,7 @@ def _reduce_for_child(sock: socket) -> tuple[Any, ...]:
     rv: list[tuple[bytes, Any]] = []
     core.shared = True
     if tcp.getsockname()[1]:  # bound (by bind(), or by listen())
-        names = sock._listen_names(tcp)
+        names = _paths.listen_names(sock._family, tcp)
         if core.listening:
             fds = _ll.listen_fds(h)
             if len(fds) != len(names):
@@ -2231,19 +2020,10 @@ def _rebuild_in_child(
     return sock
 
 
-def _reduce_tcp_for_child(sock: _TcpSocket) -> tuple[Any, ...]:
-    """A socket on the TCP path is a kernel socket: it goes over as one."""
-    from multiprocessing import reduction
-
-    reduced: tuple[Any, ...] = reduction._reduce_socket(sock._kernel())  # type: ignore[attr-defined]
-    return reduced
-
-
 def _register_reducers() -> None:
     from multiprocessing import reduction
 
     reduction.register(socket, _reduce_for_child)
-    reduction.register(_TcpSocket, _reduce_tcp_for_child)
 
 
 _register_reducers()

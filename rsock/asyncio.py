@@ -31,7 +31,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rsock import _lowlevel as _ll
-from rsock._socket import _TcpSocket, socket
+from rsock._readiness import POLLIN, POLLOUT
+from rsock._socket import RSOCK_SPIN_US, SOL_RSOCK, socket
 
 _fast_send = _ll.fast_send
 _fast_recv_into = _ll.fast_recv_into
@@ -49,10 +50,7 @@ def _loop_spin(sock: socket) -> None:
     """No spinning on the loop thread unless the user asked for it."""
     if "RSOCK_SPIN_US" in os.environ:
         return
-    h = sock._h
-    if h is not None:
-        o = _ll.get_opts(h)
-        _ll.set_opts(h, _ll.Opts(o.ring_size, o.qdepth, o.inline_max, 0))
+    sock.setsockopt(SOL_RSOCK, RSOCK_SPIN_US, 0)
 
 
 class RsockTransport(transports._FlowControlMixin):
@@ -82,12 +80,8 @@ class RsockTransport(transports._FlowControlMixin):
         _loop_spin(sock)
         # the engine keeps its notify fd readable exactly while we are
         # ready: the loop watches it and the liveness fd (no thread)
-        sock._watch(_ll.WATCH_NOTIFY)
-        h = sock._h
-        assert h is not None
-        self._h = h
-        self._fd = _ll.fileno(h)
-        self._nfd, self._lfd = _ll.notify_fds(h)
+        self._watch = sock.watch()
+        self._handle = self._watch.start()
         try:
             self._info["peername"] = sock.getpeername()
         except OSError:
@@ -104,9 +98,6 @@ class RsockTransport(transports._FlowControlMixin):
         self._write_eof_pending = False
         self._closing = False
         self._conn_lost = 0
-        self._interest = -1
-        self._reader_added = False
-        self._live_added = False
         self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
         # plain Protocols read small messages through one preallocated
         # buffer (one engine call); a full scratch means more is waiting,
@@ -137,41 +128,16 @@ class RsockTransport(transports._FlowControlMixin):
         self._update_interest()
 
     def _update_interest(self) -> None:
-        """Tell the engine what should wake us, and (un)register the reader."""
+        """Tell the engine what should wake us (the watch (un)registers the
+        notify fd's reader; the liveness fd's stays while the peer may go)."""
         if self._conn_lost:
             return
         want = 0
         if self._reading and not self._eof and not self._closing:
-            want |= _ll.POLLIN
+            want |= POLLIN
         if self._buffer:
-            want |= _ll.POLLOUT
-        if want != self._interest:
-            self._interest = want
-            _ll.set_interest(self._h, want)
-        if want and not self._reader_added:
-            self._loop.add_reader(self._nfd, self._on_ready)
-            self._reader_added = True
-        elif not want and self._reader_added:
-            self._loop.remove_reader(self._nfd)
-            self._reader_added = False
-        if not self._live_added and self._lfd >= 0:
-            self._loop.add_reader(self._lfd, self._on_live)
-            self._live_added = True
-
-    def _on_live(self) -> None:
-        """The liveness channel fired: the peer is gone (or refused us).
-
-        Not yet gone (0) when a FIN may still come (verbs: the CM's
-        hang-up can overtake the last completions): the engine makes the
-        fd readable again when that grace ends, so keep watching it.
-        """
-        gone = 1 if self._conn_lost else _ll.check_peer(self._h)
-        if gone and self._live_added:
-            self._loop.remove_reader(self._lfd)
-            self._live_added = False
-            self._lfd = -1  # level-triggered hang-up: watch it no more
-        if not self._conn_lost:
-            self._on_ready()
+            want |= POLLOUT
+        self._watch.arm(self._loop, self._on_ready, want)
 
     # ---------------------------------------------------------------- events
 
@@ -195,7 +161,7 @@ class RsockTransport(transports._FlowControlMixin):
         # Raw engine calls (-errno, no exceptions on EAGAIN).  A short read
         # means the ring is empty: stop there, the engine keeps the fd
         # readable if more arrives (level-triggered), so nothing is missed.
-        addr = self._h.addr
+        addr = self._handle.addr
         big = False  # the scratch filled up: read straight out of the ring now
         for _ in range(_READS_PER_WAKEUP):
             if not self._reading or self._conn_lost:
@@ -232,7 +198,7 @@ class RsockTransport(transports._FlowControlMixin):
                     # more is waiting: one bytes object straight out of the
                     # ring (joining it to the scratch's, as before, allocated
                     # and copied every large read twice)
-                    r = _ll.recv_bytes(self._h, _MAX_READ, 0, 0)
+                    r = _ll.recv_bytes(self._handle, _MAX_READ, 0, 0)
                     n = len(r) if isinstance(r, bytes) else r
                     data = r if isinstance(r, bytes) else b""
                 else:
@@ -259,9 +225,7 @@ class RsockTransport(transports._FlowControlMixin):
             if n == -errno.EAGAIN:
                 return
             if n != -errno.EINTR:
-                self._fatal_error(
-                    self._sock._raise(n), "Fatal read error on rsock transport"
-                )
+                self._fatal_error(self._watch.error(n), "Fatal read error on rsock transport")
                 return
 
     def _read_eof(self) -> None:
@@ -288,7 +252,7 @@ class RsockTransport(transports._FlowControlMixin):
         ):
             # hot path: nothing queued, the whole message goes at once
             try:
-                rc: int = _fast_send(self._h.addr, data, 0)
+                rc: int = _fast_send(self._handle.addr, data, 0)
             except BufferError:  # not contiguous: the long way below
                 rc = -errno.EAGAIN
             else:
@@ -297,7 +261,7 @@ class RsockTransport(transports._FlowControlMixin):
             if rc > 0:
                 data = (memoryview(data).cast("B") if isinstance(data, memoryview) else data)[rc:]
             elif rc not in (-errno.EAGAIN, -errno.EINTR):
-                self._fatal_error(self._sock._raise(rc), "Fatal write error on rsock transport")
+                self._fatal_error(self._watch.error(rc), "Fatal write error on rsock transport")
                 return
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
@@ -341,13 +305,13 @@ class RsockTransport(transports._FlowControlMixin):
         """Non-blocking send: bytes taken (0 if none fit), or -1 after a
         fatal error was handled."""
         while True:
-            rc: int = _fast_send(self._h.addr, data, 0)
+            rc: int = _fast_send(self._handle.addr, data, 0)
             if rc >= 0:
                 return rc
             if rc == -errno.EAGAIN:
                 return 0
             if rc != -errno.EINTR:
-                self._fatal_error(self._sock._raise(rc), "Fatal write error on rsock transport")
+                self._fatal_error(self._watch.error(rc), "Fatal write error on rsock transport")
                 return -1
 
     def _flush(self) -> None:
@@ -503,12 +467,7 @@ class RsockTransport(transports._FlowControlMixin):
         self._loop.call_soon(self._call_connection_lost, exc)
 
     def _call_connection_lost(self, exc: Exception | None) -> None:
-        if self._reader_added:
-            self._loop.remove_reader(self._nfd)
-            self._reader_added = False
-        if self._live_added:
-            self._loop.remove_reader(self._lfd)
-            self._live_added = False
+        self._watch.disarm(self._loop)
         try:
             self._protocol.connection_lost(exc)
         finally:
@@ -518,14 +477,15 @@ class RsockTransport(transports._FlowControlMixin):
                 server._detach()
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
-        if getattr(self, "_sock", None) is not None and self._sock._h is not None:
+        watch = getattr(self, "_watch", None)
+        if watch is not None and watch.is_open():
             if not self._conn_lost:
                 _warn(f"unclosed transport {self!r}", ResourceWarning, source=self)
                 self._sock.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._conn_lost else ("closing" if self._closing else "open")
-        return f"<RsockTransport {state} fd={self._fd} provider={self._sock.provider!r}>"
+        return f"<RsockTransport {state} fd={self._watch.fd} provider={self._sock.provider!r}>"
 
 
 class RsockServer(asyncio.AbstractServer):
@@ -596,9 +556,10 @@ class RsockServer(asyncio.AbstractServer):
                     self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accept, listener)
                     return
                 raise
-            if isinstance(conn, _TcpSocket):
+            kernel = conn.take_kernel()
+            if kernel is not None:
                 # a plain TCP client on our port: the loop's own transport
-                self._loop.create_task(self._serve_kernel(conn.take_kernel()))
+                self._loop.create_task(self._serve_kernel(kernel))
                 continue
             try:
                 protocol = self._factory()
@@ -838,8 +799,7 @@ async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address:
         if _connect_owner.get(fd) is done:
             del _connect_owner[fd]
             loop.remove_writer(fd)
-            if not isinstance(sock, _TcpSocket):
-                sock._unwatch(_ll.WATCH_FD)  # the transport watches the notify fd
+            sock.watch().drop_fileno()  # the transport watches the notify fd
     err = sock.getsockopt(_std.SOL_SOCKET, _std.SO_ERROR)
     if err:
         raise OSError(err, f"Connect call failed {address}")
@@ -938,9 +898,9 @@ async def create_connection(
             if len(errors) == 1:
                 raise errors[0]
             raise OSError(f"Multiple exceptions: {', '.join(str(e) for e in errors)}")
-    if isinstance(sock, _TcpSocket):
+    kernel = sock.take_kernel()
+    if kernel is not None:
         # a plain TCP peer (fallback): the loop's own transport runs it
-        kernel = sock.take_kernel()
         kernel.setblocking(False)
         return await loop.create_connection(
             protocol_factory, sock=kernel, ssl=ctx,

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import rsock
-from rsock import _socket
+from rsock import _paths
 
 pytestmark = pytest.mark.timeout_s(60)
 
@@ -30,7 +30,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_probe_is_one_sentence() -> None:
-    n, why = _socket.verbs_available()
+    n, why = _paths.verbs_available()
     if n > 0:
         assert why.endswith(("device", "devices"))
     else:
@@ -40,7 +40,7 @@ def test_probe_is_one_sentence() -> None:
 
 
 def test_forced_verbs_without_device_is_a_clear_error() -> None:
-    n, why = _socket.verbs_available()
+    n, why = _paths.verbs_available()
     code = (
         "import errno, rsock\n"
         "for op in ('connect', 'listen'):\n"

@@ -584,7 +584,7 @@ def wanted_provider(opts: Options, transport: str) -> str:
 
 def verbs_usable() -> bool:
     """An RDMA device is there (libibverbs loads and lists one)."""
-    from rsock._socket import verbs_available
+    from rsock._paths import verbs_available
 
     return verbs_available()[0] > 0
 
