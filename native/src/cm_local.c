@@ -260,6 +260,15 @@ static int cm_check(const struct cm_msg *m, int kind, char *detail,
 	return 0;
 }
 
+/* Fault injection (RSOCK_FAULT): the connected QP in res wrapped in
+ * prov_fault.c's; nothing at all when it is unset. */
+static int cm_fault_wrap(struct cm_result *res)
+{
+	if (fault_config() <= 0)
+		return 0; /* (malformed: refused before the QP was made) */
+	return fault_wrap(&res->ops, &res->qp, res->area, res->q);
+}
+
 /* Our half of a connection: a QP with every receive posted. */
 static int cm_make_qp(const struct rsk_opts *o, struct cm_result *res)
 {
@@ -269,8 +278,10 @@ static int cm_make_qp(const struct rsk_opts *o, struct cm_result *res)
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
 	res->ops = &shm_ops;
-	rc = shm_qp_create(o->ring_size, o->qdepth, &res->qp);
-	if (rc)
+	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
+	if (rc >= 0)
+		rc = shm_qp_create(o->ring_size, o->qdepth, &res->qp);
+	if (rc < 0)
 		return rc;
 	for (i = 0; i < o->qdepth; i++) {
 		rc = shm_ops.post_recv(res->qp, PROV_WRID_RECV | i);
@@ -371,9 +382,12 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 	if (rc)
 		goto reject;
 	res->ops = &shm_ops;
-	rc = shm_qp_adopt(req.srv_ring_size, req.srv_qdepth, fds[2], fds[3],
-			  &res->qp);
-	fds[2] = fds[3] = -1; /* consumed */
+	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
+	if (rc >= 0) {
+		rc = shm_qp_adopt(req.srv_ring_size, req.srv_qdepth, fds[2],
+				  fds[3], &res->qp);
+		fds[2] = fds[3] = -1; /* consumed */
+	}
 	if (rc) {
 		snprintf(detail, dlen, "handshake: cannot take our half");
 		goto reject;
@@ -384,11 +398,16 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		snprintf(detail, dlen, "handshake: cannot map the client's ring");
 		goto reject;
 	}
-	cm_dequeue(fd); /* ours now (the kernel drops its copies of the fds) */
 	res->area = shm_qp_area(res->qp);
-	res->live_fd = fd;
 	res->ring = req.srv_ring_size;
 	res->q = req.srv_qdepth;
+	rc = cm_fault_wrap(res);
+	if (rc) {
+		snprintf(detail, dlen, "handshake: cannot inject faults");
+		goto reject;
+	}
+	cm_dequeue(fd); /* ours now (the kernel drops its copies of the fds) */
+	res->live_fd = fd;
 	res->peer_ring = req.ring_size;
 	res->peer_q = req.qdepth;
 	res->src = req.src;
@@ -545,9 +564,12 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 		goto out;
 	shm_qp_drop_memfd(res->qp);
 	res->area = shm_qp_area(res->qp);
-	res->live_fd = fd;
 	res->ring = o->ring_size;
 	res->q = o->qdepth;
+	rc = cm_fault_wrap(res);
+	if (rc)
+		goto out;
+	res->live_fd = fd;
 	res->peer_ring = o->ring_size;
 	res->peer_q = o->qdepth;
 	res->src = *src;
