@@ -14,7 +14,9 @@
  * client's; a refusal is a REJ message followed by hang-up.  The socket
  * stays open for the life of the connection as the liveness channel: when
  * a process dies the kernel closes it and the survivor's pollable fd
- * reports it.  See native/PROTOCOL.md.
+ * reports it.  See native/PROTOCOL.md.  Its interface is cm.h's (struct
+ * cm_ops: cm_local_ops, at the end, plus the rendezvous calls listener.c
+ * uses).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -316,16 +318,6 @@ static void cm_reject(int fd, int err)
 	(void)cm_send(fd, &m, NULL, 0);
 }
 
-void cm_result_release(struct cm_result *res)
-{
-	if (res->qp)
-		res->ops->destroy(res->qp);
-	res->qp = NULL;
-	if (res->live_fd >= 0)
-		close(res->live_fd);
-	res->live_fd = -1;
-}
-
 int cm_accept_conn(int lfd, char *detail, size_t dlen)
 {
 	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -449,11 +441,11 @@ int cm_read_reject(int fd, char *detail, size_t dlen)
 	return -EPROTO;
 }
 
-int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
-	       const struct rsk_addr *src, const struct rsk_addr *dst,
-	       int timeout_ms, struct cm_result *res, char *detail,
-	       size_t dlen)
+static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
+			    struct cm_result *res, char *detail, size_t dlen)
 {
+	const struct rsk_addr *src = d->src, *dst = d->dst;
+	int timeout_ms = d->timeout_ms;
 	int64_t deadline = eng_deadline(timeout_ms);
 	struct sockaddr_un sa;
 	struct cm_msg req;
@@ -465,7 +457,7 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 	res->live_fd = -1;
 	if (!cm_addr_ok(src) || !cm_addr_ok(dst))
 		return -EINVAL;
-	rc = cm_addr(name, namelen, &sa, &len);
+	rc = cm_addr(d->name, d->namelen, &sa, &len);
 	if (rc)
 		return rc;
 	/* Non-blocking first (the usual case: the backlog has room, and it
@@ -584,3 +576,18 @@ out:
 	cm_result_release(res);
 	return rc;
 }
+
+/* The rendezvous needs nothing of the host: always usable. */
+static int cm_local_probe(char *detail, size_t dlen)
+{
+	snprintf(detail, dlen, "local rendezvous");
+	return 1;
+}
+
+/* (listening: the rendezvous fds above, which listener.c multiplexes) */
+const struct cm_ops cm_local_ops = {
+	.name = "local",
+	.by_name = 1,
+	.probe = cm_local_probe,
+	.connect = cm_local_connect,
+};
