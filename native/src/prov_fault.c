@@ -554,7 +554,9 @@ static const struct prov_ops fault_ops_tmpl = {
 };
 
 /* One ops table per wrapped provider, made once and never freed (a
- * connection's ops outlive its QP: rsk_provider reads the name). */
+ * connection's ops outlive its QP: rsk_provider reads the name).
+ * fault_tab_lock protects both arrays; it is a leaf (taken with a
+ * listener's socket lock held by accept, never takes another lock). */
 #define FAULT_MAX_INNER 4
 static struct prov_ops fault_tabs[FAULT_MAX_INNER];
 static const struct prov_ops *fault_inner[FAULT_MAX_INNER];
