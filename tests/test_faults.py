@@ -1,4 +1,4 @@
-"""Injected provider faults (``RSOCK_FAULT``, native/src/prov_shm.c) across processes.
+"""Injected provider faults (``RSOCK_FAULT``, native/src/prov_fault.c) across processes.
 
 Each test runs an rsock listener in this process and an rsock client in a child
 process (this file run as a script) whose environment sets ``RSOCK_FAULT``: the

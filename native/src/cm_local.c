@@ -14,7 +14,9 @@
  * client's; a refusal is a REJ message followed by hang-up.  The socket
  * stays open for the life of the connection as the liveness channel: when
  * a process dies the kernel closes it and the survivor's pollable fd
- * reports it.  See native/PROTOCOL.md.
+ * reports it.  See native/PROTOCOL.md.  Its interface is cm.h's (struct
+ * cm_ops: cm_local_ops, at the end, plus the rendezvous calls listener.c
+ * uses).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -260,6 +262,15 @@ static int cm_check(const struct cm_msg *m, int kind, char *detail,
 	return 0;
 }
 
+/* Fault injection (RSOCK_FAULT): the connected QP in res wrapped in
+ * prov_fault.c's; nothing at all when it is unset. */
+static int cm_fault_wrap(struct cm_result *res)
+{
+	if (fault_config() <= 0)
+		return 0; /* (malformed: refused before the QP was made) */
+	return fault_wrap(&res->ops, &res->qp, res->area, res->q);
+}
+
 /* Our half of a connection: a QP with every receive posted. */
 static int cm_make_qp(const struct rsk_opts *o, struct cm_result *res)
 {
@@ -269,8 +280,10 @@ static int cm_make_qp(const struct rsk_opts *o, struct cm_result *res)
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
 	res->ops = &shm_ops;
-	rc = shm_qp_create(o->ring_size, o->qdepth, &res->qp);
-	if (rc)
+	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
+	if (rc >= 0)
+		rc = shm_qp_create(o->ring_size, o->qdepth, &res->qp);
+	if (rc < 0)
 		return rc;
 	for (i = 0; i < o->qdepth; i++) {
 		rc = shm_ops.post_recv(res->qp, PROV_WRID_RECV | i);
@@ -303,16 +316,6 @@ static void cm_reject(int fd, int err)
 	cm_fill(&m, CM_REJ, NULL);
 	m.reason = (uint16_t)err;
 	(void)cm_send(fd, &m, NULL, 0);
-}
-
-void cm_result_release(struct cm_result *res)
-{
-	if (res->qp)
-		res->ops->destroy(res->qp);
-	res->qp = NULL;
-	if (res->live_fd >= 0)
-		close(res->live_fd);
-	res->live_fd = -1;
 }
 
 int cm_accept_conn(int lfd, char *detail, size_t dlen)
@@ -371,9 +374,12 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 	if (rc)
 		goto reject;
 	res->ops = &shm_ops;
-	rc = shm_qp_adopt(req.srv_ring_size, req.srv_qdepth, fds[2], fds[3],
-			  &res->qp);
-	fds[2] = fds[3] = -1; /* consumed */
+	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
+	if (rc >= 0) {
+		rc = shm_qp_adopt(req.srv_ring_size, req.srv_qdepth, fds[2],
+				  fds[3], &res->qp);
+		fds[2] = fds[3] = -1; /* consumed */
+	}
 	if (rc) {
 		snprintf(detail, dlen, "handshake: cannot take our half");
 		goto reject;
@@ -384,11 +390,16 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		snprintf(detail, dlen, "handshake: cannot map the client's ring");
 		goto reject;
 	}
-	cm_dequeue(fd); /* ours now (the kernel drops its copies of the fds) */
 	res->area = shm_qp_area(res->qp);
-	res->live_fd = fd;
 	res->ring = req.srv_ring_size;
 	res->q = req.srv_qdepth;
+	rc = cm_fault_wrap(res);
+	if (rc) {
+		snprintf(detail, dlen, "handshake: cannot inject faults");
+		goto reject;
+	}
+	cm_dequeue(fd); /* ours now (the kernel drops its copies of the fds) */
+	res->live_fd = fd;
 	res->peer_ring = req.ring_size;
 	res->peer_q = req.qdepth;
 	res->src = req.src;
@@ -430,11 +441,11 @@ int cm_read_reject(int fd, char *detail, size_t dlen)
 	return -EPROTO;
 }
 
-int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
-	       const struct rsk_addr *src, const struct rsk_addr *dst,
-	       int timeout_ms, struct cm_result *res, char *detail,
-	       size_t dlen)
+static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
+			    struct cm_result *res, char *detail, size_t dlen)
 {
+	const struct rsk_addr *src = d->src, *dst = d->dst;
+	int timeout_ms = d->timeout_ms;
 	int64_t deadline = eng_deadline(timeout_ms);
 	struct sockaddr_un sa;
 	struct cm_msg req;
@@ -446,7 +457,7 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 	res->live_fd = -1;
 	if (!cm_addr_ok(src) || !cm_addr_ok(dst))
 		return -EINVAL;
-	rc = cm_addr(name, namelen, &sa, &len);
+	rc = cm_addr(d->name, d->namelen, &sa, &len);
 	if (rc)
 		return rc;
 	/* Non-blocking first (the usual case: the backlog has room, and it
@@ -545,9 +556,12 @@ int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
 		goto out;
 	shm_qp_drop_memfd(res->qp);
 	res->area = shm_qp_area(res->qp);
-	res->live_fd = fd;
 	res->ring = o->ring_size;
 	res->q = o->qdepth;
+	rc = cm_fault_wrap(res);
+	if (rc)
+		goto out;
+	res->live_fd = fd;
 	res->peer_ring = o->ring_size;
 	res->peer_q = o->qdepth;
 	res->src = *src;
@@ -562,3 +576,18 @@ out:
 	cm_result_release(res);
 	return rc;
 }
+
+/* The rendezvous needs nothing of the host: always usable. */
+static int cm_local_probe(char *detail, size_t dlen)
+{
+	snprintf(detail, dlen, "local rendezvous");
+	return 1;
+}
+
+/* (listening: the rendezvous fds above, which listener.c multiplexes) */
+const struct cm_ops cm_local_ops = {
+	.name = "local",
+	.by_name = 1,
+	.probe = cm_local_probe,
+	.connect = cm_local_connect,
+};

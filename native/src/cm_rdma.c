@@ -3,7 +3,8 @@
  * cm_rdma.c - the connection manager of the verbs provider (librdmacm):
  * probe, connect (address, route, REQ with our private data, REP), and a
  * listener whose service thread accepts at the CM level so that clients
- * need not wait for accept().  The queue pairs are prov_verbs.c's.
+ * need not wait for accept().  The queue pairs are prov_verbs.c's.  Its
+ * interface is cm.h's struct cm_ops (cm_rdma_ops, at the end).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -22,56 +23,52 @@ static int no_verbs(char *detail, size_t dlen)
 	return -ENOSYS;
 }
 
-int cm_verbs_probe(char *detail, size_t dlen)
+static int cm_verbs_probe(char *detail, size_t dlen)
 {
 	return no_verbs(detail, dlen);
 }
 
-int cm_verbs_listen(const struct rsk_addr *a, const struct rsk_opts *o,
-		    int backlog, struct cmv_listener **out, char *detail,
-		    size_t dlen)
+static int cm_verbs_listen(const struct cm_dial *d, const struct rsk_opts *o,
+			   int backlog, struct cm_listener **out, char *detail,
+			   size_t dlen)
 {
-	(void)a;
+	(void)d;
 	(void)o;
 	(void)backlog;
 	*out = NULL;
 	return no_verbs(detail, dlen);
 }
 
-int cm_verbs_listen_fd(struct cmv_listener *l)
+static int cm_verbs_listen_fd(struct cm_listener *l)
 {
 	(void)l;
 	return -EBADF;
 }
 
-int cm_verbs_accept(struct cmv_listener *l, struct cm_result *res)
+static int cm_verbs_accept(struct cm_listener *l, struct cm_result *res)
 {
 	(void)l;
 	(void)res;
 	return -EAGAIN;
 }
 
-void cm_verbs_listen_close(struct cmv_listener *l)
+void cm_verbs_listen_close(struct cm_listener *l)
 {
 	(void)l;
 }
 
-int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
-		     const struct rsk_addr *dst, int flags, int timeout_ms,
-		     struct cm_result *res, char *detail, size_t dlen)
+static int cm_verbs_connect(const struct cm_dial *d, const struct rsk_opts *o,
+			    struct cm_result *res, char *detail, size_t dlen)
 {
-	(void)flags;
+	(void)d;
 	(void)o;
-	(void)src;
-	(void)dst;
-	(void)timeout_ms;
 	(void)res;
 	return no_verbs(detail, dlen);
 }
 
 #else /* RSK_HAVE_VERBS */
 
-int cm_verbs_probe(char *detail, size_t dlen)
+static int cm_verbs_probe(char *detail, size_t dlen)
 {
 	struct rdma_event_channel *ch;
 	struct ibv_device **l;
@@ -510,21 +507,21 @@ fail:
 	return rc;
 }
 
-int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
-		     const struct rsk_addr *dst, int flags, int timeout_ms,
-		     struct cm_result *res, char *detail, size_t dlen)
+static int cm_verbs_connect(const struct cm_dial *d, const struct rsk_opts *o,
+			    struct cm_result *res, char *detail, size_t dlen)
 {
-	int64_t until = timeout_ms < 0 ? -1 : v_now_ms() + timeout_ms;
+	int64_t until = d->timeout_ms < 0 ? -1 : v_now_ms() + d->timeout_ms;
 	int other = 0, rc;
 
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
-	rc = v_connect(o, src, dst, flags, until, 0, res, &other, detail, dlen);
+	rc = v_connect(o, d->src, d->dst, d->flags, until, 0, res, &other,
+		       detail, dlen);
 	if (rc == -ECONNREFUSED && other) {
 		/* refused by a listener that is not rsock: librdmacm's
 		 * rsockets accepts only its own connection data; speak it */
-		rc = v_connect(o, src, dst, flags, until, 1, res, &other,
-			       detail, dlen);
+		rc = v_connect(o, d->src, d->dst, d->flags, until, 1, res,
+			       &other, detail, dlen);
 	}
 	return rc;
 }
@@ -550,7 +547,7 @@ struct vpend {
 	int64_t until; /* ms: drop if not established by then */
 };
 
-struct cmv_listener {
+struct cm_listener {
 	struct rdma_event_channel *ch;
 	struct rdma_cm_id *id;
 	struct rsk_opts o;
@@ -569,13 +566,13 @@ struct cmv_listener {
 #define VL_ESTABLISH_MS 10000
 #define VL_MIN_BACKLOG 64
 
-static void vl_drop_pend(struct cmv_listener *l, int i)
+static void vl_drop_pend(struct cm_listener *l, int i)
 {
 	vq_destroy(l->pend[i].q);
 	l->pend[i] = l->pend[--l->npend];
 }
 
-static int vl_find(struct cmv_listener *l, struct rdma_cm_id *id)
+static int vl_find(struct cm_listener *l, struct rdma_cm_id *id)
 {
 	int i;
 
@@ -585,7 +582,7 @@ static int vl_find(struct cmv_listener *l, struct rdma_cm_id *id)
 	return -1;
 }
 
-static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
+static void vl_request(struct cm_listener *l, struct rdma_cm_event *ev)
 {
 	struct rdma_cm_id *id = ev->id;
 	struct rdma_conn_param cp;
@@ -663,7 +660,7 @@ static void vl_request(struct cmv_listener *l, struct rdma_cm_event *ev)
 	pthread_mutex_unlock(&l->mu);
 }
 
-static void vl_established(struct cmv_listener *l, int i)
+static void vl_established(struct cm_listener *l, int i)
 {
 	struct vpend p = l->pend[i];
 	struct rdma_event_channel *ch;
@@ -720,7 +717,7 @@ static void vl_established(struct cmv_listener *l, int i)
 
 static void *vl_main(void *arg)
 {
-	struct cmv_listener *l = arg;
+	struct cm_listener *l = arg;
 
 	for (;;) {
 		struct pollfd p[2] = {
@@ -765,11 +762,12 @@ static void *vl_main(void *arg)
 	return NULL;
 }
 
-int cm_verbs_listen(const struct rsk_addr *a, const struct rsk_opts *o,
-		    int backlog, struct cmv_listener **out, char *detail,
-		    size_t dlen)
+static int cm_verbs_listen(const struct cm_dial *d, const struct rsk_opts *o,
+			   int backlog, struct cm_listener **out, char *detail,
+			   size_t dlen)
 {
-	struct cmv_listener *l;
+	const struct rsk_addr *a = d->dst;
+	struct cm_listener *l;
 	struct sockaddr_storage ss;
 	int rc;
 
@@ -820,12 +818,12 @@ fail:
 	return rc;
 }
 
-int cm_verbs_listen_fd(struct cmv_listener *l)
+static int cm_verbs_listen_fd(struct cm_listener *l)
 {
 	return l->ready_fd;
 }
 
-void cm_verbs_listen_close(struct cmv_listener *l)
+void cm_verbs_listen_close(struct cm_listener *l)
 {
 	struct rdma_cm_event *ev;
 	uint64_t one = 1;
@@ -875,7 +873,7 @@ void cm_verbs_listen_close(struct cmv_listener *l)
 
 /* An established connection off the ready queue (never blocks): 0 with
  * *res, -EAGAIN if none is there. */
-int cm_verbs_accept(struct cmv_listener *l, struct cm_result *res)
+static int cm_verbs_accept(struct cm_listener *l, struct cm_result *res)
 {
 	uint64_t v;
 	int rc = -EAGAIN;
@@ -895,3 +893,14 @@ int cm_verbs_accept(struct cmv_listener *l, struct cm_result *res)
 }
 
 #endif /* RSK_HAVE_VERBS */
+
+const struct cm_ops cm_rdma_ops = {
+	.name = "rdma",
+	.by_name = 0,
+	.probe = cm_verbs_probe,
+	.connect = cm_verbs_connect,
+	.listen = cm_verbs_listen,
+	.listen_fd = cm_verbs_listen_fd,
+	.accept = cm_verbs_accept,
+	.listen_close = cm_verbs_listen_close,
+};

@@ -706,17 +706,11 @@ int rsk_set_interest(rsk_sock *s, int events)
 /* ---------------------------------------------------- connection setup */
 
 
-/* What to dial: the local CM's rendezvous name, or (name NULL) rdma_cm. */
-struct eng_dial {
-	const char *name;
-	size_t namelen;
-	const struct rsk_addr *src, *dst;
-	int flags; /* verbs: RSK_VF_* */
-	int timeout_ms;
-};
-
-static int eng_connect(rsk_sock *s, const struct eng_dial *d)
+/* Dials d through the manager that takes it (cm.h: a rendezvous name, or
+ * with none the addresses). */
+static int eng_connect(rsk_sock *s, const struct cm_dial *d)
 {
+	const struct cm_ops *cm = cm_for(d);
 	struct cm_result res;
 	struct rsk_opts o;
 	int rc;
@@ -735,14 +729,7 @@ static int eng_connect(rsk_sock *s, const struct eng_dial *d)
 	/* the handshake runs unlocked: close() may interrupt it */
 	s->detail[0] = 0;
 	pthread_mutex_unlock(&s->lock);
-	if (d->name)
-		rc = cm_connect(d->name, d->namelen, &o, d->src, d->dst,
-				d->timeout_ms, &res, s->detail,
-				sizeof(s->detail));
-	else
-		rc = cm_verbs_connect(&o, d->src, d->dst, d->flags,
-				      d->timeout_ms, &res, s->detail,
-				      sizeof(s->detail));
+	rc = cm->connect(d, &o, &res, s->detail, sizeof(s->detail));
 	pthread_mutex_lock(&s->lock);
 	if (rc)
 		goto out;
@@ -763,8 +750,8 @@ int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
 		const struct rsk_addr *src, const struct rsk_addr *dst,
 		int timeout_ms)
 {
-	struct eng_dial d = { .name = name, .namelen = namelen, .src = src,
-			      .dst = dst, .timeout_ms = timeout_ms };
+	struct cm_dial d = { .name = name, .namelen = namelen, .src = src,
+			     .dst = dst, .timeout_ms = timeout_ms };
 
 	if (!name)
 		return -EINVAL;
@@ -775,8 +762,9 @@ int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
 
 int rsk_verbs_probe(char *detail, size_t dlen)
 {
+	struct cm_dial by_addr = { .name = NULL };
 	char why[160] = "";
-	int rc = cm_verbs_probe(why, sizeof(why));
+	int rc = cm_for(&by_addr)->probe(why, sizeof(why));
 
 	if (detail && dlen)
 		snprintf(detail, dlen, "%s", why);
@@ -786,8 +774,8 @@ int rsk_verbs_probe(char *detail, size_t dlen)
 int rsk_connect_verbs(rsk_sock *s, const struct rsk_addr *src,
 		      const struct rsk_addr *dst, int flags, int timeout_ms)
 {
-	struct eng_dial d = { .src = src, .dst = dst, .flags = flags,
-			      .timeout_ms = timeout_ms };
+	struct cm_dial d = { .src = src, .dst = dst, .flags = flags,
+			     .timeout_ms = timeout_ms };
 
 	return eng_connect(s, &d);
 }

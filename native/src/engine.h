@@ -1,6 +1,7 @@
 /*
  * engine.h - private to native/src: the connection object and the
- * interface between the engine and the connection managers.
+ * engine's internals that listener.c, readiness.c and fork.c use (the
+ * connection managers' interface is cm.h, included here).
  */
 #ifndef RSK_ENGINE_H
 #define RSK_ENGINE_H
@@ -9,6 +10,7 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "cm.h"
 #include "proto.h"
 #include "prov.h"
 #include "rsock.h"
@@ -79,7 +81,8 @@ struct rsk_sock {
 	int lshared; /* lfd shared with other processes (rsk_listen_fds,
 		      * rsk_listen_adopt): never shut down on close */
 	int xfd; /* rsk_listen_fd: not owned, -1 if none */
-	struct cmv_listener *vl; /* rsk_listen_verbs: rdma_cm listener */
+	struct cm_listener *vl; /* a manager's own listener (rdma_cm's: */
+	const struct cm_ops *vl_cm; /* rsk_listen_verbs) and that manager */
 	struct eng_pend *pend; /* RSK_MAX_PEND, allocated by rsk_listen */
 	int npend;
 
@@ -111,71 +114,6 @@ struct rsk_sock {
 		     * comes after it) */
 
 };
-
-/* What a connection manager hands the engine. */
-struct cm_result {
-	const struct prov_ops *ops;
-	struct prov_qp *qp;
-	uint8_t *area; /* our recv area */
-	int live_fd;
-	uint32_t ring; /* geometry of our half */
-	uint32_t q;
-	uint32_t peer_ring;
-	uint32_t peer_q;
-	struct rsk_addr src; /* the client's address (accept: the peer) */
-	struct rsk_addr dst; /* the address dialed (accept: ours) */
-	/* rsockets peer (verbs): area is the bare ring (no ctrl slots) */
-	int rs;
-	struct rs_sge *rs_tsgl; /* entry 0 holds the peer's first buffer */
-	uint64_t rs_rbuf_addr;
-	uint32_t rs_rbuf_key;
-	uint64_t rs_sgl_addr;
-	uint32_t rs_sgl_key, rs_sgl_len;
-};
-
-/* cm_local.c */
-int cm_listen_fd(const char *name, size_t namelen, int backlog);
-int cm_bind_fd(const char *name, size_t namelen);
-int cm_is_rendezvous(int fd);
-/* Takes a client off a listening fd: its fd (non-blocking), -EAGAIN if
- * none, another -errno if that client was refused (uid) or failed. */
-int cm_accept_conn(int lfd, char *detail, size_t dlen);
-/* Has an accepted client's REQ arrived (is its fd readable)? */
-int cm_req_ready(int fd);
-/* Handshake of an accepted client whose REQ arrived; takes fd (0 with
- * *res filled, or -errno and fd closed), except on our own shortage
- * (-EMFILE, -ENFILE, -ENOMEM): then fd stays open with the REQ still
- * queued, for a later try. */
-int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
-		  char *detail, size_t dlen);
-int cm_connect(const char *name, size_t namelen, const struct rsk_opts *o,
-	       const struct rsk_addr *src, const struct rsk_addr *dst,
-	       int timeout_ms, struct cm_result *res, char *detail,
-	       size_t dlen);
-void cm_result_release(struct cm_result *res);
-/* The liveness channel has data: a REJ (0, detail filled) or -EPROTO. */
-int cm_read_reject(int fd, char *detail, size_t dlen);
-
-/* prov_verbs.c: the connection manager of the verbs provider (rdma_cm).
- * All return -ENOSYS/-ENODEV with one sentence in detail when rdma-core
- * or an RDMA device is missing. */
-struct cmv_listener;
-/* > 0 (the number of RDMA devices) when verbs can be used. */
-int cm_verbs_probe(char *detail, size_t dlen);
-/* Listens on a; a service thread accepts requests at the CM level (up to
- * backlog, with our side sized by o), so clients need not wait for
- * accept(). */
-int cm_verbs_listen(const struct rsk_addr *a, const struct rsk_opts *o,
-		    int backlog, struct cmv_listener **out, char *detail,
-		    size_t dlen);
-/* Readable while an established connection waits. */
-int cm_verbs_listen_fd(struct cmv_listener *l);
-/* Never blocks: 0 with *res, -EAGAIN if none is ready. */
-int cm_verbs_accept(struct cmv_listener *l, struct cm_result *res);
-void cm_verbs_listen_close(struct cmv_listener *l);
-int cm_verbs_connect(const struct rsk_opts *o, const struct rsk_addr *src,
-		     const struct rsk_addr *dst, int flags, int timeout_ms,
-		     struct cm_result *res, char *detail, size_t dlen);
 
 /* sock.c and progress.c, for the API files and readiness.c (s->lock: see
  * struct rsk_sock) */

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * listener.c - listening and accepting: the rendezvous sockets of the local
- * connection manager (and an rdma_cm listener) joined in the listener's
- * epoll fd, clients parked until their REQ arrives, accept's wait.
+ * connection manager (and the listener of a manager that has its own:
+ * rdma_cm's, through cm.h's struct cm_ops) joined in the listener's epoll
+ * fd, clients parked until their REQ arrives, accept's wait.
  *
  * Rule: everything here runs under the listener's lock (eng_enter/
  * eng_leave); a connection being accepted is a fresh rsk_sock that nobody
@@ -288,7 +289,8 @@ static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp,
 			eng_park(s, fd, 0, now);
 		}
 	}
-	if (s->vl && cm_verbs_accept(s->vl, res) == 0)
+	/* then the listener of a manager's own (rdma_cm's) */
+	if (s->vl && s->vl_cm->accept(s->vl, res) == 0)
 		return 0;
 	return -EAGAIN;
 }
@@ -388,7 +390,9 @@ out:
 int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog)
 {
 	struct epoll_event ev = { .events = EPOLLIN };
-	struct cmv_listener *l;
+	struct cm_dial d = { .dst = addr };
+	const struct cm_ops *cm = cm_for(&d); /* the one that takes addresses */
+	struct cm_listener *l;
 	int rc;
 
 	if ((rc = eng_enter(s)))
@@ -400,17 +404,18 @@ int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog)
 	if (rc)
 		goto out;
 	s->detail[0] = 0;
-	rc = cm_verbs_listen(addr, &s->opts, backlog, &l, s->detail,
-			     sizeof(s->detail));
+	rc = cm->listen(&d, &s->opts, backlog, &l, s->detail,
+			sizeof(s->detail));
 	if (rc)
 		goto out;
-	ev.data.fd = cm_verbs_listen_fd(l);
+	ev.data.fd = cm->listen_fd(l);
 	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0) {
 		rc = -errno;
-		cm_verbs_listen_close(l);
+		cm->listen_close(l);
 		goto out;
 	}
 	s->vl = l;
+	s->vl_cm = cm;
 	eng_become_listener(s);
 out:
 	eng_leave(s);

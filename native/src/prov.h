@@ -130,4 +130,22 @@ int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
 /* Close the memfd once the peer has it (mappings stay). */
 void shm_qp_drop_memfd(struct prov_qp *qp);
 
+/* --- fault injection (prov_fault.c): a provider that wraps another ------ */
+
+/* RSOCK_FAULT, parsed once per process (at the first call): 0 when unset
+ * (then no QP is wrapped: the providers run as they ship, at no cost), 1
+ * when set, -EINVAL when malformed (said once on stderr): the caller then
+ * fails the connection, so that a typo never silently tests nothing. */
+int fault_config(void);
+/* Wraps a connected QP (*ops, *qp) in one that injects the faults of
+ * RSOCK_FAULT (call only when fault_config() returned 1).  area and qdepth
+ * are our recv area and receive queue depth as the engine gets them (the
+ * corrupt fault rewrites a ctrl slot there).  On success *ops and *qp are
+ * the wrapper's, which owns the inner QP from then on, and the ops' name
+ * is the inner provider's; on failure (-errno) both are left as they were.
+ * -EOPNOTSUPP for a provider with live_event, hup_fence or post_write_at
+ * (the wrapper has none: today it wraps shm only). */
+int fault_wrap(const struct prov_ops **ops, struct prov_qp **qp,
+	       uint8_t *area, uint32_t qdepth);
+
 #endif

@@ -226,7 +226,7 @@ void eng_release(rsk_sock *s)
 	free(s->pend);
 	s->pend = NULL;
 	if (s->vl)
-		cm_verbs_listen_close(s->vl);
+		s->vl_cm->listen_close(s->vl);
 	s->vl = NULL;
 	proto_free(&s->p);
 	s->xfd = -1; /* not ours */

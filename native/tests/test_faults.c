@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The shm provider's fault injection (RSOCK_FAULT) under the sanitizers.
+ * Fault injection (RSOCK_FAULT: prov_fault.c wrapping shm) under the sanitizers.
  *
  * RSOCK_FAULT is read once per process, so every case runs in a child
  * process of its own, with both ends of a connection in it (the fault
