@@ -6,7 +6,7 @@
  * plus a liveness fd (struct cm_result).  Two implement struct cm_ops:
  * cm_local.c (the local rendezvous: shm queue pairs between processes of
  * one host) and cm_rdma.c (rdma_cm: verbs queue pairs).  The connect path
- * (engine.c) and listener.c find the manager for an address in
+ * (conn.c) and listener.c find the manager for an address in
  * cm_managers[] (cm_for) and call it through its ops.
  *
  * What only the local manager has is declared below the table: its
@@ -128,8 +128,7 @@ int cm_read_reject(int fd, char *detail, size_t dlen);
 
 /* --- the rdma manager (cm_rdma.c) ------------------------------------- */
 
-/* cm_rdma_ops.listen_close, by name for engine.c's release of a listener
- * (its s->vl is always cm_rdma.c's). */
+/* cm_rdma_ops.listen_close (cm_rdma.c's own teardown calls it by name). */
 void cm_verbs_listen_close(struct cm_listener *l);
 
 #endif

@@ -102,7 +102,7 @@ struct rsk_sock {
 	/* fileno(): fa, one end of a socketpair whose other end (fb) only
 	 * this struct holds.  fa polls readable while a token byte sits in
 	 * it, writable while its send buffer has room (shrunk while a send
-	 * would block; RSK_WATCH_FD, see "fd readiness" in engine.c).  A
+	 * would block; RSK_WATCH_FD, see "fd readiness" in conn.c).  A
 	 * listener's fa is a second fd of epfd and fb is -1. */
 	int fa, fb;
 	int tok;    /* a token sits in fa */

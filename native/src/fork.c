@@ -7,7 +7,8 @@
  *
  * Rule: nothing here sleeps or makes a call into a provider but reading and
  * swapping the owner word; the atfork handlers only bump counters and hand
- * over to readiness.c (the watcher thread) and engine.c (signal state).
+ * over to signals.c (signal state); readiness.c keeps its watcher thread's
+ * table across a fork with atfork handlers of its own.
  */
 #include <pthread.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * progress.c - what moves a connection along without an API call: its
  * provider's completions handed to the protocol (eng_progress), the peer's
  * liveness channel, and waking the threads that sleep on the socket.  Run
- * under the socket's lock by the API calls (engine.c), the watcher thread
+ * under the socket's lock by the API calls (conn.c), the watcher thread
  * (readiness.c) and close (sock.c).
  */
 #include <errno.h>

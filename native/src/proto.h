@@ -11,7 +11,7 @@
  * receive: struct prov_ops, bound to one qp) and state the caller reads
  * (flags, the ring's bytes, err, wake).  Nothing here owns a file
  * descriptor, takes a lock, makes a system call, sleeps or reads a clock:
- * the caller (engine.c) holds the socket's lock around every call, and a
+ * the caller (conn.c) holds the socket's lock around every call, and a
  * test (native/tests/test_proto.c) drives two instances joined by memcpy
  * with no fd and no thread.
  *

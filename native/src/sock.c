@@ -3,7 +3,7 @@
  * sock.c - the socket object: made (rsk_socket), entered and left by every
  * API call (eng_enter/eng_leave: its lock, the user count, fileno() brought
  * up to date), attached to the connection a connection manager made
- * (eng_attach), closed and freed.  Below the API files (engine.c,
+ * (eng_attach), closed and freed.  Below the API files (conn.c,
  * listener.c): it calls down into the protocol, readiness, fork and
  * progress code, never up.
  */

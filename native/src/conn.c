@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * engine.c - the API calls on a connection: send, receive, wait, poll,
+ * conn.c - the API calls on a connection: send, receive, wait, poll,
  * shutdown, connect, options, watch mode; and the one wait loop they all
  * sleep in (eng_wait).
  *
