@@ -36,66 +36,11 @@
 
 #include "engine.h"
 
-#define FUZZ_CHECK(cond, ...)                                              \
-	do {                                                               \
-		if (!(cond)) {                                             \
-			fprintf(stderr, "fuzz_engine: check failed: %s: ", \
-				#cond);                                    \
-			fprintf(stderr, __VA_ARGS__);                      \
-			fputc('\n', stderr);                               \
-			abort();                                           \
-		}                                                          \
-	} while (0)
+#define FUZZ_NAME "fuzz_engine"
+#include "fuzz_input.h"
 
 #define MAX_STEPS 200
 #define MAX_IO 20000
-
-struct input {
-	const uint8_t *p;
-	size_t n;
-};
-
-static uint8_t in_u8(struct input *in)
-{
-	if (!in->n)
-		return 0;
-	in->n--;
-	return *in->p++;
-}
-
-/* little-endian; one read per statement (the order of the reads in one
- * expression is unspecified) */
-static uint16_t in_u16(struct input *in)
-{
-	uint16_t lo = in_u8(in);
-
-	return (uint16_t)(lo | in_u8(in) << 8);
-}
-
-static uint32_t in_u32(struct input *in)
-{
-	uint32_t lo = in_u16(in);
-
-	return lo | (uint32_t)in_u16(in) << 16;
-}
-
-static uint64_t in_u64(struct input *in)
-{
-	uint64_t lo = in_u32(in);
-
-	return lo | (uint64_t)in_u32(in) << 32;
-}
-
-/* n bytes of input (zeros once it runs out) */
-static void in_bytes(struct input *in, uint8_t *dst, size_t n)
-{
-	size_t k = n < in->n ? n : in->n;
-
-	memcpy(dst, in->p, k);
-	memset(dst + k, 0, n - k);
-	in->p += k;
-	in->n -= k;
-}
 
 /* the byte at stream position pos of direction dir (0: peer -> victim) */
 static uint8_t pat(uint64_t pos, int dir)

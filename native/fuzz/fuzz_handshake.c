@@ -23,16 +23,8 @@
 
 #include "engine.h"
 
-#define FUZZ_CHECK(cond, ...)                                                 \
-	do {                                                                  \
-		if (!(cond)) {                                                \
-			fprintf(stderr, "fuzz_handshake: check failed: %s: ", \
-				#cond);                                       \
-			fprintf(stderr, __VA_ARGS__);                         \
-			fputc('\n', stderr);                                  \
-			abort();                                              \
-		}                                                             \
-	} while (0)
+#define FUZZ_NAME "fuzz_handshake"
+#include "fuzz_input.h"
 
 /* what cm_local.c puts on the wire (PROTOCOL.md, section 6) */
 struct req {
@@ -48,29 +40,6 @@ struct req {
 	struct rsk_addr dst;
 };
 _Static_assert(sizeof(struct req) == 80, "cm_msg is 80 bytes");
-
-struct input {
-	const uint8_t *p;
-	size_t n;
-};
-
-static uint8_t in_u8(struct input *in)
-{
-	if (!in->n)
-		return 0;
-	in->n--;
-	return *in->p++;
-}
-
-static uint32_t in_u32(struct input *in)
-{
-	uint32_t v = 0;
-	int i;
-
-	for (i = 0; i < 4; i++)
-		v |= (uint32_t)in_u8(in) << (8 * i);
-	return v;
-}
 
 /* A geometry: mostly valid (powers of two in range), sometimes raw. */
 static void in_geom(struct input *in, uint32_t *ring, uint32_t *q)

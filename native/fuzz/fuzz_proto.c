@@ -28,53 +28,10 @@
 
 #include "../tests/memqp.h"
 
-#define FUZZ_CHECK(cond, ...)                                             \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			fprintf(stderr, "fuzz_proto: check failed: %s: ", \
-				#cond);                                   \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fputc('\n', stderr);                              \
-			abort();                                          \
-		}                                                         \
-	} while (0)
+#define FUZZ_NAME "fuzz_proto"
+#include "fuzz_input.h"
 
 #define MAX_STEPS 400
-
-struct input {
-	const uint8_t *p;
-	size_t n;
-};
-
-static uint8_t in_u8(struct input *in)
-{
-	if (!in->n)
-		return 0;
-	in->n--;
-	return *in->p++;
-}
-
-/* little-endian; one read per statement */
-static uint16_t in_u16(struct input *in)
-{
-	uint16_t lo = in_u8(in);
-
-	return (uint16_t)(lo | in_u8(in) << 8);
-}
-
-static uint32_t in_u32(struct input *in)
-{
-	uint32_t lo = in_u16(in);
-
-	return lo | (uint32_t)in_u16(in) << 16;
-}
-
-static uint64_t in_u64(struct input *in)
-{
-	uint64_t lo = in_u32(in);
-
-	return lo | (uint64_t)in_u32(in) << 32;
-}
 
 static uint8_t pat(uint64_t pos, int dir)
 {
