@@ -136,8 +136,9 @@ struct cm_ops {
 	 * into fds): how many there are. */
 	int (*listen_fds)(struct cm_listener *l, int *fds, int n);
 	/* Never blocks (but the local manager gives a new client's REQ 1 ms
-	 * when h->nb): 0 with *res, -EAGAIN if none is ready, or what
-	 * h->prepare returned. */
+	 * when h->nb): 0 with *res, -EAGAIN if none is ready, or our
+	 * shortage (-EMFILE, -ENFILE, -ENOMEM, h->prepare's included): then
+	 * every client waits for a later accept, as TCP keeps them queued. */
 	int (*accept)(struct cm_listener *l, const struct cm_host *h,
 		      struct cm_result *res);
 	/* When accept has something to do though no fd turned readable (a
