@@ -96,8 +96,8 @@ def thread_names(pid: int | str = "self") -> list[str]:
         try:
             with open(f"/proc/{pid}/task/{t}/comm") as f:
                 names.append(f.read().strip())
-        except FileNotFoundError:
-            pass  # it ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # it ended meanwhile (between listdir and open, or the read)
     return sorted(names)
 
 

@@ -9,10 +9,16 @@
  * (conn.c) and listener.c find the manager for an address in
  * cm_managers[] (cm_for) and call it through its ops.
  *
- * What only the local manager has is declared below the table: its
- * listening sockets are rendezvous fds that listener.c multiplexes itself
- * (several names per listener, fds shared across fork, clients parked
- * until their REQ comes), so its listen entries in cm_ops are NULL.
+ * Listening is the managers' too: a socket holds at most one listener
+ * (struct cm_listener, each manager's own) per manager, in s->ls[] at the
+ * manager's place in cm_managers[], and listener.c, sock.c and conn.c
+ * reach them only through the ops.  A manager keeps its listener's state
+ * (the local manager: its rendezvous fds, up to CM_MAX_NAMES names, and
+ * the clients parked until their REQ comes; rdma_cm: a service thread)
+ * and puts the fds that turn readable when accept has something to do
+ * into the socket's epoll fd (struct cm_host).  The socket's lock (held
+ * by every caller) guards a listener; a manager may take its own leaf
+ * locks after it.
  *
  * Every call returns >= 0 or -errno; on failure, one sentence in detail
  * (dlen bytes) says why.
@@ -71,8 +77,31 @@ struct cm_dial {
 	int timeout_ms; /* connect: -1 waits forever */
 };
 
-/* A manager's own listener (opaque; cm_rdma.c's runs a service thread). */
+/* A manager's listener (opaque: each manager defines its own). */
 struct cm_listener;
+
+/* At most this many listening fds (rendezvous names) per listener. */
+#define CM_MAX_NAMES 4
+
+/* What a listener needs of the socket that holds it (listener.c fills
+ * one in for every listen, adopt and accept call). */
+struct cm_host {
+	int epfd; /* the socket's epoll fd: the listener's fds go in there */
+	const struct rsk_opts *o; /* the socket's options */
+	int nb; /* accept: the caller will not wait (a timeout of 0) */
+	/* listen, adopt: called once the name is bound, before the listener
+	 * takes it (the engine makes fileno() live again after a refused
+	 * connect); a -errno undoes the bind and is returned.
+	 * accept: called before a client is taken (the engine makes the
+	 * socket that will hold it); a -errno (our shortage of fds or
+	 * memory) leaves the client waiting and is returned.
+	 * cm_local.c calls it; cm_rdma.c never does (its listen never
+	 * renewed fileno(), its accept takes first). */
+	int (*prepare)(void *arg);
+	void *arg;
+	char *detail; /* why a call (or a client) failed */
+	size_t dlen;
+};
 
 struct cm_ops {
 	const char *name; /* "local", "rdma" */
@@ -85,45 +114,65 @@ struct cm_ops {
 	 * ends the wait with -EINTR. */
 	int (*connect)(const struct cm_dial *d, const struct rsk_opts *o,
 		       struct cm_result *res, char *detail, size_t dlen);
-	/* A listener of the manager's own on d (up to backlog connections
-	 * established before accept, our side sized by o); NULL for the
-	 * local manager (see the top of this file). */
+
+	/* --- listening (listener.c; close: sock.c; poll: conn.c) --- */
+	/* Listens on d (up to backlog connections waiting, our side sized by
+	 * o): *l NULL makes a listener, else d is one more name of *l (the
+	 * local manager: -ENOSPC past CM_MAX_NAMES; rdma_cm: -EBUSY).  0, or
+	 * -errno with *l as it was. */
 	int (*listen)(const struct cm_dial *d, const struct rsk_opts *o,
-		      int backlog, struct cm_listener **out, char *detail,
-		      size_t dlen);
-	/* Readable while an established connection waits. */
-	int (*listen_fd)(struct cm_listener *l);
-	/* Never blocks: 0 with *res, -EAGAIN if none is ready. */
-	int (*accept)(struct cm_listener *l, struct cm_result *res);
+		      int backlog, const struct cm_host *h,
+		      struct cm_listener **l);
+	/* Only a manager that dials names (NULL otherwise): a rendezvous fd
+	 * bound to name, not listening (rsk_rendezvous_bind), which a
+	 * listener of this or another process adopts; is fd one (0, or
+	 * -errno)?; and listen on it as listen does on a name (fd is the
+	 * listener's on success only). */
+	int (*bind)(const char *name, size_t namelen);
+	int (*adoptable)(int fd);
+	int (*adopt)(int fd, int backlog, const struct cm_host *h,
+		     struct cm_listener **l);
+	/* The listening fds another process may accept from too (up to n
+	 * into fds): how many there are. */
+	int (*listen_fds)(struct cm_listener *l, int *fds, int n);
+	/* Never blocks (but the local manager gives a new client's REQ 1 ms
+	 * when h->nb): 0 with *res, -EAGAIN if none is ready, or our
+	 * shortage (-EMFILE, -ENFILE, -ENOMEM, h->prepare's included): then
+	 * every client waits for a later accept, as TCP keeps them queued. */
+	int (*accept)(struct cm_listener *l, const struct cm_host *h,
+		      struct cm_result *res);
+	/* When accept has something to do though no fd turned readable (a
+	 * parked client's time runs out; eng_now_ns), or -1. */
+	int64_t (*listen_due)(const struct cm_listener *l);
+	/* Wakes a blocked accept (the listening fds turn readable); the
+	 * caller never does this to fds other processes accept from. */
+	void (*listen_shutdown)(struct cm_listener *l);
 	void (*listen_close)(struct cm_listener *l);
 };
 
 extern const struct cm_ops cm_local_ops;
 extern const struct cm_ops cm_rdma_ops;
 
-/* Every manager, in the order a path is preferred; NULL-terminated. */
-extern const struct cm_ops *const cm_managers[];
+/* Every manager, in the order a path is preferred (and accept asks a
+ * socket's listeners); NULL-terminated. */
+#define CM_NMANAGERS 2
+extern const struct cm_ops *const cm_managers[CM_NMANAGERS + 1];
 
+/* The manager that dials rendezvous names (by_name 1) or addresses (0). */
+const struct cm_ops *cm_kind(int by_name);
 /* The manager that dials d (by name or by address): never NULL. */
 const struct cm_ops *cm_for(const struct cm_dial *d);
 
-/* --- the local manager's rendezvous (cm_local.c), for listener.c -------- */
+/* --- the local manager's calls outside its ops (cm_local.c) ----------- */
 
-int cm_listen_fd(const char *name, size_t namelen, int backlog);
-int cm_bind_fd(const char *name, size_t namelen);
-int cm_is_rendezvous(int fd);
-/* Takes a client off a listening fd: its fd (non-blocking), -EAGAIN if
- * none, another -errno if that client was refused (uid) or failed. */
-int cm_accept_conn(int lfd, char *detail, size_t dlen);
-/* Has an accepted client's REQ arrived (is its fd readable)? */
-int cm_req_ready(int fd);
-/* Handshake of an accepted client whose REQ arrived; takes fd (0 with
- * *res filled, or -errno and fd closed), except on our own shortage
- * (-EMFILE, -ENFILE, -ENOMEM): then fd stays open with the REQ still
- * queued, for a later try. */
+/* Handshake of an accepted client whose REQ arrived (its accept, and the
+ * handshake fuzzer); takes fd (0 with *res filled, or -errno and fd
+ * closed), except on our own shortage (-EMFILE, -ENFILE, -ENOMEM): then
+ * fd stays open with the REQ still queued, for a later try. */
 int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		  char *detail, size_t dlen);
-/* The liveness channel has data: a REJ (0, detail filled) or -EPROTO. */
+/* The liveness channel has data: a REJ (0, detail filled) or -EPROTO
+ * (progress.c). */
 int cm_read_reject(int fd, char *detail, size_t dlen);
 
 /* --- the rdma manager (cm_rdma.c) ------------------------------------- */

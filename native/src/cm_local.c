@@ -15,15 +15,17 @@
  * stays open for the life of the connection as the liveness channel: when
  * a process dies the kernel closes it and the survivor's pollable fd
  * reports it.  See native/PROTOCOL.md.  Its interface is cm.h's (struct
- * cm_ops: cm_local_ops, at the end, plus the rendezvous calls listener.c
- * uses).
+ * cm_ops: cm_local_ops, at the end); its listener (the rendezvous fds and
+ * the clients parked until their REQ) is the last part of this file.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -73,7 +75,8 @@ static int cm_peer_uid_ok(int fd)
 	return cr.uid == geteuid();
 }
 
-int cm_bind_fd(const char *name, size_t namelen)
+/* A rendezvous socket bound to name (not listening yet): its fd. */
+static int cm_bind_fd(const char *name, size_t namelen)
 {
 	struct sockaddr_un sa;
 	socklen_t len;
@@ -93,7 +96,8 @@ int cm_bind_fd(const char *name, size_t namelen)
 	return fd;
 }
 
-int cm_listen_fd(const char *name, size_t namelen, int backlog)
+/* ... bound and listening. */
+static int cm_listen_fd(const char *name, size_t namelen, int backlog)
 {
 	int fd = cm_bind_fd(name, namelen), rc;
 
@@ -107,7 +111,8 @@ int cm_listen_fd(const char *name, size_t namelen, int backlog)
 	return fd;
 }
 
-int cm_is_rendezvous(int fd)
+/* Is fd a rendezvous socket (as cm_bind_fd makes): 0, or -errno? */
+static int cm_is_rendezvous(int fd)
 {
 	struct sockaddr_un sa;
 	socklen_t len = sizeof(sa);
@@ -318,7 +323,9 @@ static void cm_reject(int fd, int err)
 	(void)cm_send(fd, &m, NULL, 0);
 }
 
-int cm_accept_conn(int lfd, char *detail, size_t dlen)
+/* Takes a client off a listening fd: its fd (non-blocking), -EAGAIN if
+ * none, another -errno if that client was refused (uid) or failed. */
+static int cm_accept_conn(int lfd, char *detail, size_t dlen)
 {
 	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 
@@ -333,7 +340,8 @@ int cm_accept_conn(int lfd, char *detail, size_t dlen)
 	return fd;
 }
 
-int cm_req_ready(int fd)
+/* Has an accepted client's REQ arrived (is its fd readable)? */
+static int cm_req_ready(int fd)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 
@@ -584,10 +592,283 @@ static int cm_local_probe(char *detail, size_t dlen)
 	return 1;
 }
 
-/* (listening: the rendezvous fds above, which listener.c multiplexes) */
+/* ------------------------------------------------------------ listening */
+
+/*
+ * A listener: up to CM_MAX_NAMES rendezvous sockets, all in the socket's
+ * epoll fd (cm_host.epfd), and the clients that connected to them but have
+ * not sent their REQ yet.  Those wait here (not in accept()), at most
+ * CM_REQ_WAIT_NS each, all at once, in epfd too (so the socket's fd turns
+ * readable when a REQ comes); when CM_MAX_PEND wait, the one that waited
+ * longest makes room (a real client sends its REQ right after connecting:
+ * only a silent one waits).  The fds may be shared with other processes
+ * (fork, multiprocessing), which accept from the same kernel queue.
+ * Locking: the lock of the socket that holds the listener (listener.c).
+ */
+#define CM_MAX_PEND 128
+#define CM_REQ_WAIT_NS 1000000000ll
+/* A client whose handshake met our shortage waits this long for fds or
+ * memory to come back (TCP keeps it queued for as long). */
+#define CM_SHORT_WAIT_NS 60000000000ll
+
+struct cm_pend {
+	int fd;
+	int short_of; /* its handshake met our shortage of fds or memory */
+	int64_t until;
+};
+
+struct cm_listener {
+	int epfd; /* the socket's (not ours) */
+	int fd[CM_MAX_NAMES];
+	int nfd;
+	struct cm_pend pend[CM_MAX_PEND];
+	int npend;
+};
+
+/* The rendezvous socket fd (bound, listening) joins *lp (made here the
+ * first time), which owns it from then on (on success only). */
+static int cm_listen_join(int fd, const struct cm_host *h,
+			  struct cm_listener **lp)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+	struct cm_listener *l = *lp, *made = NULL;
+	int rc;
+
+	if (l && l->nfd == CM_MAX_NAMES)
+		return -ENOSPC;
+	if (h->prepare && (rc = h->prepare(h->arg)))
+		return rc;
+	if (!l && !(l = made = calloc(1, sizeof(*l))))
+		return -ENOMEM;
+	/* EEXIST: a process that shares this epoll instance with us (a
+	 * socket bound before a fork) made the same socket listen first */
+	if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST) {
+		rc = -errno;
+		free(made);
+		return rc;
+	}
+	l->epfd = h->epfd;
+	l->fd[l->nfd++] = fd;
+	*lp = l;
+	return 0;
+}
+
+static int cm_local_listen(const struct cm_dial *d, const struct rsk_opts *o,
+			   int backlog, const struct cm_host *h,
+			   struct cm_listener **lp)
+{
+	int fd, rc;
+
+	(void)o; /* (each client sizes both halves) */
+	if (*lp && (*lp)->nfd == CM_MAX_NAMES)
+		return -ENOSPC;
+	if ((fd = cm_listen_fd(d->name, d->namelen, backlog)) < 0)
+		return fd;
+	if ((rc = cm_listen_join(fd, h, lp)))
+		close(fd);
+	return rc;
+}
+
+static int cm_local_adopt(int fd, int backlog, const struct cm_host *h,
+			  struct cm_listener **lp)
+{
+	if (listen(fd, backlog < 0 ? 0 : backlog) < 0)
+		return -errno;
+	if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0 ||
+	    fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+		return -errno;
+	return cm_listen_join(fd, h, lp);
+}
+
+static int cm_local_listen_fds(struct cm_listener *l, int *fds, int n)
+{
+	int i;
+
+	for (i = 0; i < l->nfd && i < n; i++)
+		fds[i] = l->fd[i];
+	return l->nfd;
+}
+
+static void cm_pend_drop(struct cm_listener *l, int i, int close_it)
+{
+	/* (a short_of client is not in epfd: the DEL fails, harmlessly) */
+	epoll_ctl(l->epfd, EPOLL_CTL_DEL, l->pend[i].fd, NULL);
+	if (close_it)
+		close(l->pend[i].fd);
+	l->pend[i] = l->pend[--l->npend];
+}
+
+/* The parked client that waited longest (its deadline is the earliest). */
+static int cm_pend_oldest(const struct cm_listener *l)
+{
+	int i, o = 0;
+
+	for (i = 1; i < l->npend; i++)
+		if (l->pend[i].until < l->pend[o].until)
+			o = i;
+	return o;
+}
+
+/* Our own shortage of fds or memory (not the client's doing). */
+static int cm_short(int rc)
+{
+	return rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM;
+}
+
+/* Handshake of a client whose REQ arrived, the caller's preparation first
+ * (so that a shortage there leaves the client as it was: see
+ * cm_accept_req). */
+static int cm_take(const struct cm_host *h, int fd, struct cm_result *res)
+{
+	int rc;
+
+	if (h->prepare && (rc = h->prepare(h->arg)))
+		return rc;
+	return cm_accept_req(fd, h->o, res, h->detail, h->dlen);
+}
+
+static void cm_park(struct cm_listener *l, int fd, int short_of, int64_t now)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
+
+	if (l->npend == CM_MAX_PEND) /* the longest silent goes */
+		cm_pend_drop(l, cm_pend_oldest(l), 1);
+	if (!short_of && epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		close(fd);
+		return;
+	}
+	l->pend[l->npend++] = (struct cm_pend){
+		.fd = fd, .short_of = short_of,
+		.until = now + (short_of ? CM_SHORT_WAIT_NS : CM_REQ_WAIT_NS)
+	};
+}
+
+/* A client's REQ follows its connect() at once (it made its segments
+ * before connecting): a non-blocking accept that woke for the connection
+ * gives the REQ a moment (1 ms at most, once per client) rather than fail
+ * with EAGAIN on a listener that polled readable, which TCP's never does. */
+static int cm_req_soon(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, 1) > 0 && cm_req_ready(fd);
+}
+
+/*
+ * One step of accepting, never blocking (but cm_req_soon): a parked
+ * client whose REQ has arrived is handshaken; new clients are taken off the
+ * listening fds and either handshaken at once or parked until their REQ
+ * comes.  Returns 0 with *res, -EAGAIN if nothing is ready, or -ENOMEM/
+ * -EMFILE/-ENFILE: then every client stays (parked, or in the kernel's
+ * queue) for a later accept, as TCP keeps them queued.
+ */
+static int cm_local_accept(struct cm_listener *l, const struct cm_host *h,
+			   struct cm_result *res)
+{
+	int64_t now = eng_now_ns();
+	int i, fd, rc, short_rc = 0;
+
+	for (i = 0; i < l->npend;) {
+		struct cm_pend *p = &l->pend[i];
+
+		fd = p->fd;
+		if (p->short_of || cm_req_ready(fd)) {
+			rc = cm_take(h, fd, res);
+			if (rc == 0) {
+				cm_pend_drop(l, i, 0);
+				return 0;
+			}
+			if (!cm_short(rc)) {
+				cm_pend_drop(l, i, 0); /* a bad client costs only
+							* itself (fd closed) */
+				continue;
+			}
+			short_rc = rc;
+			if (!p->short_of) {
+				/* waits for fds or memory now, not for its REQ:
+				 * out of epfd, whose level would not drop */
+				epoll_ctl(l->epfd, EPOLL_CTL_DEL, fd, NULL);
+				p->short_of = 1;
+				p->until = now + CM_SHORT_WAIT_NS;
+			}
+		}
+		if (now >= p->until) {
+			cm_pend_drop(l, i, 1); /* silent (or short) too long */
+			continue;
+		}
+		i++;
+	}
+	if (short_rc)
+		return short_rc; /* short of fds or memory: take no one new */
+	for (i = 0; i < l->nfd; i++) {
+		for (;;) {
+			fd = cm_accept_conn(l->fd[i], h->detail, h->dlen);
+			if (fd == -EAGAIN)
+				break;
+			if (cm_short(fd))
+				return fd;
+			if (fd < 0)
+				continue;
+			if (cm_req_ready(fd) || (h->nb && cm_req_soon(fd))) {
+				rc = cm_take(h, fd, res);
+				if (rc == 0)
+					return 0;
+				if (cm_short(rc)) {
+					cm_park(l, fd, 1, now);
+					return rc;
+				}
+				continue;
+			}
+			cm_park(l, fd, 0, now);
+		}
+	}
+	return -EAGAIN;
+}
+
+/* The first parked client's expiry. */
+static int64_t cm_local_listen_due(const struct cm_listener *l)
+{
+	int64_t due = -1;
+	int i;
+
+	for (i = 0; i < l->npend; i++)
+		if (due < 0 || l->pend[i].until < due)
+			due = l->pend[i].until;
+	return due;
+}
+
+/* Shut down, the listening fds poll readable (and accept finds nothing). */
+static void cm_local_listen_shutdown(struct cm_listener *l)
+{
+	int i;
+
+	for (i = 0; i < l->nfd; i++)
+		shutdown(l->fd[i], SHUT_RDWR);
+}
+
+static void cm_local_listen_close(struct cm_listener *l)
+{
+	int i;
+
+	for (i = 0; i < l->nfd; i++)
+		close(l->fd[i]);
+	for (i = 0; i < l->npend; i++)
+		close(l->pend[i].fd);
+	free(l);
+}
+
 const struct cm_ops cm_local_ops = {
 	.name = "local",
 	.by_name = 1,
 	.probe = cm_local_probe,
 	.connect = cm_local_connect,
+	.listen = cm_local_listen,
+	.bind = cm_bind_fd,
+	.adoptable = cm_is_rendezvous,
+	.adopt = cm_local_adopt,
+	.listen_fds = cm_local_listen_fds,
+	.accept = cm_local_accept,
+	.listen_due = cm_local_listen_due,
+	.listen_shutdown = cm_local_listen_shutdown,
+	.listen_close = cm_local_listen_close,
 };

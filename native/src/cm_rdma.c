@@ -29,25 +29,22 @@ static int cm_verbs_probe(char *detail, size_t dlen)
 }
 
 static int cm_verbs_listen(const struct cm_dial *d, const struct rsk_opts *o,
-			   int backlog, struct cm_listener **out, char *detail,
-			   size_t dlen)
+			   int backlog, const struct cm_host *h,
+			   struct cm_listener **lp)
 {
 	(void)d;
 	(void)o;
 	(void)backlog;
-	*out = NULL;
-	return no_verbs(detail, dlen);
+	if (*lp)
+		return -EBUSY;
+	return no_verbs(h->detail, h->dlen);
 }
 
-static int cm_verbs_listen_fd(struct cm_listener *l)
+static int cm_verbs_accept(struct cm_listener *l, const struct cm_host *h,
+			   struct cm_result *res)
 {
 	(void)l;
-	return -EBADF;
-}
-
-static int cm_verbs_accept(struct cm_listener *l, struct cm_result *res)
-{
-	(void)l;
+	(void)h;
 	(void)res;
 	return -EAGAIN;
 }
@@ -763,15 +760,20 @@ static void *vl_main(void *arg)
 }
 
 static int cm_verbs_listen(const struct cm_dial *d, const struct rsk_opts *o,
-			   int backlog, struct cm_listener **out, char *detail,
-			   size_t dlen)
+			   int backlog, const struct cm_host *h,
+			   struct cm_listener **lp)
 {
+	struct epoll_event ev = { .events = EPOLLIN };
 	const struct rsk_addr *a = d->dst;
+	char *detail = h->detail;
+	size_t dlen = h->dlen;
 	struct cm_listener *l;
 	struct sockaddr_storage ss;
 	int rc;
 
-	*out = NULL;
+	if (*lp)
+		return -EBUSY; /* one per socket */
+	detail[0] = 0;
 	if ((rc = v_addr_in(a, &ss)))
 		return rc;
 	/* A kernel TCP listener keeps SYNs waiting when its backlog is full;
@@ -811,16 +813,16 @@ static int cm_verbs_listen(const struct cm_dial *d, const struct rsk_opts *o,
 	if ((rc = -pthread_create(&l->thread, NULL, vl_main, l)))
 		goto fail;
 	l->started = 1;
-	*out = l;
+	ev.data.fd = l->ready_fd; /* readable while a connection waits */
+	if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	*lp = l;
 	return 0;
 fail:
 	cm_verbs_listen_close(l);
 	return rc;
-}
-
-static int cm_verbs_listen_fd(struct cm_listener *l)
-{
-	return l->ready_fd;
 }
 
 void cm_verbs_listen_close(struct cm_listener *l)
@@ -873,11 +875,13 @@ void cm_verbs_listen_close(struct cm_listener *l)
 
 /* An established connection off the ready queue (never blocks): 0 with
  * *res, -EAGAIN if none is there. */
-static int cm_verbs_accept(struct cm_listener *l, struct cm_result *res)
+static int cm_verbs_accept(struct cm_listener *l, const struct cm_host *h,
+			   struct cm_result *res)
 {
 	uint64_t v;
 	int rc = -EAGAIN;
 
+	(void)h; /* (takes first: the engine makes the socket after) */
 	pthread_mutex_lock(&l->mu);
 	if (l->r_count) {
 		*res = l->ready[l->r_head];
@@ -894,13 +898,37 @@ static int cm_verbs_accept(struct cm_listener *l, struct cm_result *res)
 
 #endif /* RSK_HAVE_VERBS */
 
+/* No listening fd another process could share, no parked client: the
+ * service thread holds them. */
+static int cm_verbs_listen_fds(struct cm_listener *l, int *fds, int n)
+{
+	(void)l;
+	(void)fds;
+	(void)n;
+	return 0;
+}
+
+static int64_t cm_verbs_listen_due(const struct cm_listener *l)
+{
+	(void)l;
+	return -1;
+}
+
+/* (the ready queue's eventfd does not wake a blocked accept) */
+static void cm_verbs_listen_shutdown(struct cm_listener *l)
+{
+	(void)l;
+}
+
 const struct cm_ops cm_rdma_ops = {
 	.name = "rdma",
 	.by_name = 0,
 	.probe = cm_verbs_probe,
 	.connect = cm_verbs_connect,
 	.listen = cm_verbs_listen,
-	.listen_fd = cm_verbs_listen_fd,
+	.listen_fds = cm_verbs_listen_fds,
 	.accept = cm_verbs_accept,
+	.listen_due = cm_verbs_listen_due,
+	.listen_shutdown = cm_verbs_listen_shutdown,
 	.listen_close = cm_verbs_listen_close,
 };

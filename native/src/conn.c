@@ -527,6 +527,28 @@ int rsk_shutdown(rsk_sock *s, int how)
 	return rc;
 }
 
+/* Does a client wait on one of the listening fds of s?  (Parked clients
+ * show only in fileno().) */
+static int eng_listen_waiting(rsk_sock *s)
+{
+	struct pollfd pfd[CM_MAX_NAMES];
+	int fds[CM_MAX_NAMES];
+	int i, j, n;
+
+	for (i = 0; i < CM_NMANAGERS; i++) {
+		if (!s->ls[i])
+			continue;
+		n = cm_managers[i]->listen_fds(s->ls[i], fds, CM_MAX_NAMES);
+		if (n > CM_MAX_NAMES)
+			n = CM_MAX_NAMES;
+		for (j = 0; j < n; j++)
+			pfd[j] = (struct pollfd){ .fd = fds[j], .events = POLLIN };
+		if (n > 0 && poll(pfd, (nfds_t)n, 0) > 0)
+			return 1;
+	}
+	return 0;
+}
+
 int rsk_poll(rsk_sock *s)
 {
 	int rev = 0;
@@ -547,14 +569,8 @@ int rsk_poll(rsk_sock *s)
 		if ((s->p.flags & F_PEER_GONE) ||
 		    ((s->p.flags & F_PEER_FIN) && (s->p.flags & F_WR_SHUT)))
 			rev |= RSK_POLLHUP;
-	} else if (s->kind == K_LISTEN) {
-		struct pollfd pfd[RSK_MAX_NAMES];
-		int i;
-
-		for (i = 0; i < s->nlfd; i++)
-			pfd[i] = (struct pollfd){ .fd = s->lfd[i], .events = POLLIN };
-		if (poll(pfd, (nfds_t)s->nlfd, 0) > 0)
-			rev |= RSK_POLLIN;
+	} else if (s->kind == K_LISTEN && eng_listen_waiting(s)) {
+		rev |= RSK_POLLIN;
 	}
 	pthread_mutex_unlock(&s->lock);
 	return rev;

@@ -29,32 +29,14 @@
 
 enum rsk_kind { K_NEW = 0, K_LISTEN, K_CONN };
 
-#define RSK_MAX_NAMES 4
-/* Clients that connected to a listener but have not sent their REQ yet
- * wait here (not in accept()), at most CM_REQ_WAIT_NS each, all at once;
- * when RSK_MAX_PEND wait, the one that waited longest makes room (a real
- * client sends its REQ right after connecting: only a silent one waits). */
-#define RSK_MAX_PEND 128
-#define CM_REQ_WAIT_NS 1000000000ll
-
-struct eng_pend {
-	int fd;
-	int short_of; /* its handshake met our shortage of fds or memory */
-	int64_t until;
-};
-
-/* A client whose handshake met our shortage waits this long for fds or
- * memory to come back (TCP keeps it queued for as long). */
-#define CM_SHORT_WAIT_NS 60000000000ll
-
 struct rsk_sock {
 	/*
 	 * Locking: `lock` protects every field below and every call into the
-	 * provider.  It is the only lock of a socket (there is no lock order
-	 * to keep); it is never held while sleeping: exactly one thread (the
-	 * fd_waiter) sleeps in epoll_wait on epfd, every other waiter sleeps
-	 * on the futex `cseq` (eng_sleep), and whoever makes progress wakes
-	 * them (eng_wake).
+	 * provider or a listener (ls[]).  It is the only lock of a socket
+	 * (there is no lock order to keep); it is never held while sleeping:
+	 * exactly one thread (the fd_waiter) sleeps in epoll_wait on epfd,
+	 * every other waiter sleeps on the futex `cseq` (eng_sleep), and
+	 * whoever makes progress wakes them (eng_wake).
 	 */
 	pthread_mutex_t lock;
 	unsigned lock_gen; /* eng_fork_gen when lock was made (eng_lock) */
@@ -75,16 +57,13 @@ struct rsk_sock {
 	struct rsk_opts opts;
 	char detail[160];
 
-	/* listener */
-	int lfd[RSK_MAX_NAMES];
-	int nlfd;
-	int lshared; /* lfd shared with other processes (rsk_listen_fds,
-		      * rsk_listen_adopt): never shut down on close */
+	/* listener: at most one per connection manager, ls[i] cm_managers[i]'s
+	 * (cm.h: the manager keeps its fds and waiting clients) */
+	struct cm_listener *ls[CM_NMANAGERS];
+	int lshared; /* the listeners' fds are shared with other processes
+		      * (rsk_listen_fds, rsk_listen_adopt): never shut down
+		      * on close */
 	int xfd; /* rsk_listen_fd: not owned, -1 if none */
-	struct cm_listener *vl; /* a manager's own listener (rdma_cm's: */
-	const struct cm_ops *vl_cm; /* rsk_listen_verbs) and that manager */
-	struct eng_pend *pend; /* RSK_MAX_PEND, allocated by rsk_listen */
-	int npend;
 
 	/* connection: the protocol's state (proto.h), its provider (p.ops,
 	 * p.qp) and what the engine adds around it */

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
- * listener.c - listening and accepting: the rendezvous sockets of the local
- * connection manager (and the listener of a manager that has its own:
- * rdma_cm's, through cm.h's struct cm_ops) joined in the listener's epoll
- * fd, clients parked until their REQ arrives, accept's wait.
+ * listener.c - listening and accepting over the connection managers: a
+ * socket's listeners (one per manager at most, cm.h's struct cm_listener:
+ * the local rendezvous's names and parked clients, rdma_cm's service
+ * thread) reached through struct cm_ops only, their fds joined in the
+ * socket's epoll fd, and accept's wait.
  *
  * Rule: everything here runs under the listener's lock (eng_enter/
  * eng_leave); a connection being accepted is a fresh rsk_sock that nobody
@@ -36,72 +37,88 @@ static void eng_become_listener(rsk_sock *s)
 	s->fb = -1;
 }
 
-
-/* Under s's lock: the rendezvous socket fd (bound, listening) joins s,
- * which owns it from then on (on success only). */
-static int eng_listen_add(rsk_sock *s, int fd)
+/* What s's listeners need of it (cm.h), with prepare(arg) for this call. */
+static struct cm_host eng_host(rsk_sock *s, int (*prepare)(void *), void *arg)
 {
-	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
-	int rc;
+	return (struct cm_host){
+		.epfd = s->epfd,
+		.o = &s->opts,
+		.prepare = prepare,
+		.arg = arg,
+		.detail = s->detail,
+		.dlen = sizeof(s->detail),
+	};
+}
+
+/* cm_host.prepare of a listen: fileno() live again after a refused
+ * connect, before the manager's listener takes the name. */
+static int eng_listen_prepare(void *arg)
+{
+	return eng_fd_renew(arg);
+}
+
+/* Under s's lock: s listens through cm on d, or on fd (bound before:
+ * adopted) if d is NULL. */
+static int eng_listen_on(rsk_sock *s, const struct cm_ops *cm,
+			 const struct cm_dial *d, int fd, int backlog)
+{
+	struct cm_host h = eng_host(s, eng_listen_prepare, s);
+	int i, rc;
 
 	if (s->kind == K_CONN)
 		return -EISCONN;
-	if (s->nlfd == RSK_MAX_NAMES)
-		return -ENOSPC;
-	if ((rc = eng_fd_renew(s)))
-		return rc;
-	if (!s->pend && !(s->pend = calloc(RSK_MAX_PEND, sizeof(*s->pend))))
-		return -ENOMEM;
-	/* EEXIST: a process that shares this epoll instance with us (a
-	 * socket bound before a fork) made the same socket listen first */
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
-		return -errno;
-	s->lfd[s->nlfd++] = fd;
-	eng_become_listener(s);
-	return 0;
+	for (i = 0; cm_managers[i] != cm; i++)
+		; /* its listener's place */
+	if (d)
+		rc = cm->listen(d, &s->opts, backlog, &h, &s->ls[i]);
+	else
+		rc = cm->adopt(fd, backlog, &h, &s->ls[i]);
+	if (rc == 0)
+		eng_become_listener(s);
+	return rc;
 }
 
 int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog)
 {
-	int rc, fd;
+	struct cm_dial d = { .name = name, .namelen = namelen };
+	int rc;
 
 	if ((rc = eng_enter(s)))
 		return rc;
-	if (s->kind == K_CONN)
-		rc = -EISCONN;
-	else if (s->nlfd == RSK_MAX_NAMES)
-		rc = -ENOSPC;
-	else if ((fd = cm_listen_fd(name, namelen, backlog)) < 0)
-		rc = fd;
-	else if ((rc = eng_listen_add(s, fd)))
-		close(fd);
+	rc = eng_listen_on(s, cm_kind(1), &d, -1, backlog);
+	eng_leave(s);
+	return rc;
+}
+
+int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog)
+{
+	struct cm_dial d = { .dst = addr };
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	rc = eng_listen_on(s, cm_kind(0), &d, -1, backlog);
 	eng_leave(s);
 	return rc;
 }
 
 int rsk_rendezvous_bind(const char *name, size_t namelen)
 {
-	return cm_bind_fd(name, namelen);
+	return cm_kind(1)->bind(name, namelen);
 }
 
 int rsk_listen_adopt(rsk_sock *s, int fd, int backlog, int shared)
 {
+	const struct cm_ops *cm = cm_kind(1);
 	int rc;
 
 	if (fd < 0)
 		return -EBADF;
-	if ((rc = cm_is_rendezvous(fd)))
+	if ((rc = cm->adoptable(fd)))
 		return rc;
 	if ((rc = eng_enter(s)))
 		return rc;
-	if (s->kind == K_CONN)
-		rc = -EISCONN;
-	else if (listen(fd, backlog < 0 ? 0 : backlog) < 0)
-		rc = -errno;
-	else if (fcntl(fd, F_SETFL, O_NONBLOCK) < 0 ||
-		 fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
-		rc = -errno;
-	else if (!(rc = eng_listen_add(s, fd)) && shared)
+	if (!(rc = eng_listen_on(s, cm, NULL, fd, backlog)) && shared)
 		s->lshared = 1;
 	eng_leave(s);
 	return rc;
@@ -109,16 +126,20 @@ int rsk_listen_adopt(rsk_sock *s, int fd, int backlog, int shared)
 
 int rsk_listen_fds(rsk_sock *s, int *fds, int n)
 {
-	int rc, i;
+	int rc, i, k;
 
 	if ((rc = eng_enter(s)))
 		return rc;
 	if (s->kind != K_LISTEN) {
 		rc = -EINVAL;
 	} else {
-		for (i = 0; i < s->nlfd && i < n; i++)
-			fds[i] = s->lfd[i];
-		rc = s->nlfd;
+		for (i = 0; i < CM_NMANAGERS; i++) {
+			if (!s->ls[i])
+				continue;
+			k = rc < n ? n - rc : 0;
+			rc += cm_managers[i]->listen_fds(s->ls[i],
+							 k ? fds + rc : NULL, k);
+		}
 		s->lshared = 1; /* another process may accept from them now */
 	}
 	eng_leave(s);
@@ -139,7 +160,7 @@ int rsk_listen_fd(rsk_sock *s, int fd)
 	else if (s->xfd >= 0)
 		rc = -EBUSY;
 	else if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 &&
-		 errno != EEXIST) /* as in eng_listen_add */
+		 errno != EEXIST) /* (as cm_local.c's listen) */
 		rc = -errno;
 	else
 		s->xfd = fd;
@@ -155,143 +176,35 @@ static int eng_xfd_ready(const rsk_sock *s)
 	return s->xfd >= 0 && poll(&p, 1, 0) > 0;
 }
 
-static void eng_pend_drop(rsk_sock *s, int i, int close_it)
+/* cm_host.prepare of an accept: the socket that will hold the connection,
+ * made before the manager takes it (so that a shortage here leaves the
+ * client waiting). */
+static int eng_accept_prepare(void *arg)
 {
-	/* (a short_of client is not in epfd: the DEL fails, harmlessly) */
-	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->pend[i].fd, NULL);
-	if (close_it)
-		close(s->pend[i].fd);
-	s->pend[i] = s->pend[--s->npend];
-}
+	rsk_sock **cp = arg;
 
-/* The parked client that waited longest (its deadline is the earliest). */
-static int eng_pend_oldest(const rsk_sock *s)
-{
-	int i, o = 0;
-
-	for (i = 1; i < s->npend; i++)
-		if (s->pend[i].until < s->pend[o].until)
-			o = i;
-	return o;
-}
-
-/* Our own shortage of fds or memory (not the client's doing). */
-static int eng_short(int rc)
-{
-	return rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM;
-}
-
-/* Handshake of a client whose REQ arrived, into *cp (made here first, so
- * that a shortage leaves the client as it was: see cm_accept_req). */
-static int eng_take(rsk_sock *s, int fd, struct cm_result *res,
-		    rsk_sock **cp)
-{
-	int rc;
-
-	if (!*cp && (rc = rsk_socket(cp)))
-		return rc;
-	return cm_accept_req(fd, &s->opts, res, s->detail, sizeof(s->detail));
-}
-
-static void eng_park(rsk_sock *s, int fd, int short_of, int64_t now)
-{
-	struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd };
-
-	if (s->npend == RSK_MAX_PEND) /* the longest silent goes */
-		eng_pend_drop(s, eng_pend_oldest(s), 1);
-	if (!short_of && epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		close(fd);
-		return;
-	}
-	s->pend[s->npend++] = (struct eng_pend){
-		.fd = fd, .short_of = short_of,
-		.until = now + (short_of ? CM_SHORT_WAIT_NS : CM_REQ_WAIT_NS)
-	};
-}
-
-/* A client's REQ follows its connect() at once (it made its segments
- * before connecting): a non-blocking accept that woke for the connection
- * gives the REQ a moment (1 ms at most, once per client) rather than fail
- * with EAGAIN on a listener that polled readable, which TCP's never does. */
-static int eng_req_soon(int fd)
-{
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-
-	return poll(&p, 1, 1) > 0 && cm_req_ready(fd);
+	return *cp ? 0 : rsk_socket(cp);
 }
 
 /*
- * One step of accepting, never blocking (but eng_req_soon): a pending
- * client whose REQ has arrived is handshaken; new clients are taken off the
- * listening fds and either handshaken at once or parked until their REQ
- * comes (the parked fds are in epfd, so the listener turns readable then).  Returns 0 with
- * *res (and *cp made), -EAGAIN if nothing is ready, or -ENOMEM/-EMFILE/
- * -ENFILE: then every client stays (parked, or in the kernel's queue)
- * for a later accept, as TCP keeps them queued.
+ * One step of accepting, never blocking (but a local client's REQ gets
+ * 1 ms when nb): s's listeners in cm_managers[] order.  Returns 0 with
+ * *res (and *cp made, unless the manager takes first: then it is made
+ * after), -EAGAIN if nothing is ready, or -ENOMEM/-EMFILE/-ENFILE: then
+ * every client stays for a later accept, as TCP keeps them queued.
  */
 static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp,
 			   int nb)
 {
-	int64_t now = eng_now_ns();
-	int i, fd, rc, short_rc = 0;
+	struct cm_host h = eng_host(s, eng_accept_prepare, cp);
+	int i, rc;
 
-	for (i = 0; i < s->npend;) {
-		struct eng_pend *p = &s->pend[i];
+	h.nb = nb;
 
-		fd = p->fd;
-		if (p->short_of || cm_req_ready(fd)) {
-			rc = eng_take(s, fd, res, cp);
-			if (rc == 0) {
-				eng_pend_drop(s, i, 0);
-				return 0;
-			}
-			if (!eng_short(rc)) {
-				eng_pend_drop(s, i, 0); /* a bad client costs only
-							 * itself (fd closed) */
-				continue;
-			}
-			short_rc = rc;
-			if (!p->short_of) {
-				/* waits for fds or memory now, not for its REQ:
-				 * out of epfd, whose level would not drop */
-				epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
-				p->short_of = 1;
-				p->until = now + CM_SHORT_WAIT_NS;
-			}
-		}
-		if (now >= p->until) {
-			eng_pend_drop(s, i, 1); /* silent (or short) too long */
-			continue;
-		}
-		i++;
-	}
-	if (short_rc)
-		return short_rc; /* short of fds or memory: take no one new */
-	for (i = 0; i < s->nlfd; i++) {
-		for (;;) {
-			fd = cm_accept_conn(s->lfd[i], s->detail, sizeof(s->detail));
-			if (fd == -EAGAIN)
-				break;
-			if (eng_short(fd))
-				return fd;
-			if (fd < 0)
-				continue;
-			if (cm_req_ready(fd) || (nb && eng_req_soon(fd))) {
-				rc = eng_take(s, fd, res, cp);
-				if (rc == 0)
-					return 0;
-				if (eng_short(rc)) {
-					eng_park(s, fd, 1, now);
-					return rc;
-				}
-				continue;
-			}
-			eng_park(s, fd, 0, now);
-		}
-	}
-	/* then the listener of a manager's own (rdma_cm's) */
-	if (s->vl && s->vl_cm->accept(s->vl, res) == 0)
-		return 0;
+	for (i = 0; i < CM_NMANAGERS; i++)
+		if (s->ls[i] && (rc = cm_managers[i]->accept(s->ls[i], &h,
+							     res)) != -EAGAIN)
+			return rc;
 	return -EAGAIN;
 }
 
@@ -299,16 +212,20 @@ static int eng_accept_step(rsk_sock *s, struct cm_result *res, rsk_sock **cp,
  * whether the listener was closed meanwhile */
 #define ACCEPT_SHARED_WAIT_MS 200
 
-/* Milliseconds to sleep in accept: until the deadline or the first
- * parked client's expiry (bounded on a shared listener). */
+/* Milliseconds to sleep in accept: until the deadline or what a listener
+ * has due (a parked client's expiry; bounded on a shared listener). */
 static int eng_accept_wait_ms(const rsk_sock *s, int64_t deadline)
 {
-	int64_t until = deadline;
+	int64_t until = deadline, due;
 	int i, ms;
 
-	for (i = 0; i < s->npend; i++)
-		if (until < 0 || s->pend[i].until < until)
-			until = s->pend[i].until;
+	for (i = 0; i < CM_NMANAGERS; i++) {
+		if (!s->ls[i])
+			continue;
+		due = cm_managers[i]->listen_due(s->ls[i]);
+		if (due >= 0 && (until < 0 || due < until))
+			until = due;
+	}
 	ms = eng_ms_left(until);
 	if (eng_listen_shared(s) && (ms < 0 || ms > ACCEPT_SHARED_WAIT_MS))
 		ms = ACCEPT_SHARED_WAIT_MS;
@@ -320,7 +237,7 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 {
 	int64_t deadline = eng_deadline(timeout_ms);
 	struct cm_result res;
-	struct epoll_event ev[RSK_MAX_NAMES];
+	struct epoll_event ev[CM_MAX_NAMES];
 	rsk_sock *c = NULL;
 	int rc, n;
 
@@ -352,7 +269,7 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 			goto out;
 		}
 		pthread_mutex_unlock(&s->lock);
-		n = epoll_wait(s->epfd, ev, RSK_MAX_NAMES,
+		n = epoll_wait(s->epfd, ev, CM_MAX_NAMES,
 			       eng_accept_wait_ms(s, deadline));
 		rc = n < 0 ? -errno : 0;
 		pthread_mutex_lock(&s->lock);
@@ -383,41 +300,6 @@ fail:
 out:
 	if (c)
 		rsk_free(c); /* made for a client that is not (yet) ours */
-	eng_leave(s);
-	return rc;
-}
-
-int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog)
-{
-	struct epoll_event ev = { .events = EPOLLIN };
-	struct cm_dial d = { .dst = addr };
-	const struct cm_ops *cm = cm_for(&d); /* the one that takes addresses */
-	struct cm_listener *l;
-	int rc;
-
-	if ((rc = eng_enter(s)))
-		return rc;
-	if (s->kind == K_CONN)
-		rc = -EISCONN;
-	else if (s->vl)
-		rc = -EBUSY;
-	if (rc)
-		goto out;
-	s->detail[0] = 0;
-	rc = cm->listen(&d, &s->opts, backlog, &l, s->detail,
-			sizeof(s->detail));
-	if (rc)
-		goto out;
-	ev.data.fd = cm->listen_fd(l);
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0) {
-		rc = -errno;
-		cm->listen_close(l);
-		goto out;
-	}
-	s->vl = l;
-	s->vl_cm = cm;
-	eng_become_listener(s);
-out:
 	eng_leave(s);
 	return rc;
 }

@@ -217,17 +217,10 @@ void eng_release(rsk_sock *s)
 	if (s->live_fd >= 0)
 		close(s->live_fd);
 	s->live_fd = -1;
-	for (i = 0; i < s->nlfd; i++)
-		close(s->lfd[i]);
-	s->nlfd = 0;
-	for (i = 0; i < s->npend; i++)
-		close(s->pend[i].fd);
-	s->npend = 0;
-	free(s->pend);
-	s->pend = NULL;
-	if (s->vl)
-		s->vl_cm->listen_close(s->vl);
-	s->vl = NULL;
+	for (i = 0; i < CM_NMANAGERS; i++)
+		if (s->ls[i])
+			cm_managers[i]->listen_close(s->ls[i]);
+	memset(s->ls, 0, sizeof(s->ls));
 	proto_free(&s->p);
 	s->xfd = -1; /* not ours */
 	close(s->epfd);
@@ -262,8 +255,9 @@ int rsk_close(rsk_sock *s)
 		 * there is bounded: eng_accept_wait_ms) */
 		int i;
 
-		for (i = 0; i < s->nlfd; i++)
-			shutdown(s->lfd[i], SHUT_RDWR);
+		for (i = 0; i < CM_NMANAGERS; i++)
+			if (s->ls[i])
+				cm_managers[i]->listen_shutdown(s->ls[i]);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return 0;
