@@ -145,6 +145,12 @@ CPYTHON_TESTS ?= test_socket test_ssl test_asyncio test_selectors test_select te
 	test_asynchat test_logging test_robotparser test_urllib test_timeout \
 	test_largefile test_os test_signal
 
+# test_socket's VSOCK tests are left out of both runs: AF_VSOCK is not namespaced and not
+# TCP (rsock never sees it), and on some hosts (a VM whose vsock goes to its hypervisor)
+# their accept() hangs until the per-file timeout, which then drops all of test_socket
+# from the stdlib run (the oracle), silently.
+CPYTHON_IGNORE := -i "*VSOCK*"
+
 # The namespace: a private network (loopback only) and a private mount table in which
 # /etc/resolv.conf names 127.0.0.1, so that the tests' lookups of outside names fail at
 # once (the host's resolver is unreachable from the namespace: each lookup waited for
@@ -159,17 +165,17 @@ test-cpython: venv
 	rm -rf build/cpython && mkdir -p build/cpython
 	echo "nameserver 127.0.0.1" > build/cpython/resolv.conf
 	cd build/cpython && $(CPYTHON_NS) '$(CPYTHON_NS_SETUP) && timeout 1200 \
-		$(CURDIR)/$(VPY) -m test $(CPYTHON_TESTS) -u network -j2 --timeout 300 \
+		$(CURDIR)/$(VPY) -m test $(CPYTHON_TESTS) -u network -j2 --timeout 300 $(CPYTHON_IGNORE) \
 		--junit-xml $(CURDIR)/build/cpython/stdlib.xml' > stdlib.log 2>&1 || true
 	cd build/cpython && $(CPYTHON_NS) '$(CPYTHON_NS_SETUP) && timeout 1200 \
-		$(CURDIR)/$(VPY) -m rsock run -m test $(CPYTHON_TESTS) -u network -j2 --timeout 300 \
+		$(CURDIR)/$(VPY) -m rsock run -m test $(CPYTHON_TESTS) -u network -j2 --timeout 300 $(CPYTHON_IGNORE) \
 		--junit-xml $(CURDIR)/build/cpython/rsock.xml' > rsock.log 2>&1 || true
 	@# failures of the full run are run again, alone, once (compare.py prints them FLAKY)
 	$(VPY) tests/cpython/compare.py build/cpython/stdlib.xml build/cpython/rsock.xml \
 		tests/cpython/expected.txt --write-rerun build/cpython > build/cpython/first.txt \
 		|| { mods=$$(cat build/cpython/rerun.modules); \
 		cd build/cpython && $(CPYTHON_NS) '$(CPYTHON_NS_SETUP) && timeout 600 \
-		$(CURDIR)/$(VPY) -m rsock run -m test '"$$mods"' -u network --timeout 300 \
+		$(CURDIR)/$(VPY) -m rsock run -m test '"$$mods"' -u network --timeout 300 $(CPYTHON_IGNORE) \
 		--matchfile $(CURDIR)/build/cpython/rerun.match \
 		--junit-xml $(CURDIR)/build/cpython/rerun.xml' > rerun.log 2>&1 || true; }
 	[ -f build/cpython/rerun.xml ] || cp build/cpython/rsock.xml build/cpython/rerun.xml
