@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import rsock
+from rsock import _paths
 
 PEER = os.environ.get("RS_PEER", "")
 ADDR = os.environ.get("RSOCK_VERBS_ADDR", "10.77.0.1")
@@ -38,7 +39,7 @@ def _port() -> int:
 def test_environment() -> None:
     assert os.environ.get("RSOCK_PROVIDER") == "verbs"
     assert PEER and os.access(PEER, os.X_OK), "RS_PEER must name the built rs_peer"
-    n, why = rsock._socket.verbs_available()
+    n, why = _paths.verbs_available()
     assert n > 0, why
 
 
