@@ -170,14 +170,15 @@ test-cpython: venv
 	cd build/cpython && $(CPYTHON_NS) '$(CPYTHON_NS_SETUP) && timeout 1200 \
 		$(CURDIR)/$(VPY) -m rsock run -m test $(CPYTHON_TESTS) -u network -j2 --timeout 300 $(CPYTHON_IGNORE) \
 		--junit-xml $(CURDIR)/build/cpython/rsock.xml' > rsock.log 2>&1 || true
-	@# failures of the full run are run again, alone, once (compare.py prints them FLAKY)
+	@# failures of the full run are run again, alone, once (compare.py prints them FLAKY);
+	@# nothing to rerun when what failed was a module missing from the stdlib run
 	$(VPY) tests/cpython/compare.py build/cpython/stdlib.xml build/cpython/rsock.xml \
 		tests/cpython/expected.txt --write-rerun build/cpython > build/cpython/first.txt \
 		|| { mods=$$(cat build/cpython/rerun.modules); \
-		cd build/cpython && $(CPYTHON_NS) '$(CPYTHON_NS_SETUP) && timeout 600 \
+		[ -z "$${mods// /}" ] || { cd build/cpython && $(CPYTHON_NS) '$(CPYTHON_NS_SETUP) && timeout 600 \
 		$(CURDIR)/$(VPY) -m rsock run -m test '"$$mods"' -u network --timeout 300 $(CPYTHON_IGNORE) \
 		--matchfile $(CURDIR)/build/cpython/rerun.match \
-		--junit-xml $(CURDIR)/build/cpython/rerun.xml' > rerun.log 2>&1 || true; }
+		--junit-xml $(CURDIR)/build/cpython/rerun.xml' > rerun.log 2>&1 || true; }; }
 	[ -f build/cpython/rerun.xml ] || cp build/cpython/rsock.xml build/cpython/rerun.xml
 	$(VPY) tests/cpython/compare.py build/cpython/stdlib.xml build/cpython/rsock.xml \
 		tests/cpython/expected.txt --rerun build/cpython/rerun.xml

@@ -8,7 +8,8 @@ Reads the two ``python -m test --junit-xml`` reports, prints a table per module
 (stdlib passes, rsock passes, listed differences, unexpected regressions) and
 exits 1 if a test that passes on the stdlib fails, errors or skips under rsock without
 being listed in the expected file (one test id per line, then ``#`` and the
-README difference it comes from).
+README difference it comes from), or if a module that has listed differences has
+no passing test in the stdlib run (its run died: the comparison would be empty).
 
 A test that fails under rsock when the whole set runs (two at a time) may pass
 alone: ``--write-rerun DIR`` writes the unexpected failures as a regrtest
@@ -97,13 +98,18 @@ def main(argv: list[str]) -> int:
         print(f"FLAKY (failed in the full run, passed alone): {t}")
     for t in unexpected:
         print(f"UNEXPECTED REGRESSION: {t}")
+    # a module whose stdlib run died (the per-file timeout, a crash) drops out of
+    # the table without a failure of its own: those with listed differences must be there
+    lost = sorted({module_of(t) for t in listed} - {m for m, r in rows.items() if r[0]})
+    for m in lost:
+        print(f"NOT IN THE STDLIB RUN (timed out or crashed? see stdlib.log): {m}")
     if write_dir is not None:
         with open(f"{write_dir}/rerun.match", "w", encoding="utf-8") as f:
             f.writelines(f"{t}\n" for t in unexpected)
         modules = sorted({module_of(t) for t in unexpected})
         with open(f"{write_dir}/rerun.modules", "w", encoding="utf-8") as f:
             f.write(" ".join(modules) + "\n")
-    return 1 if unexpected else 0
+    return 1 if unexpected or lost else 0
 
 
 if __name__ == "__main__":
