@@ -56,6 +56,10 @@ APIs (``--api``):
   paused writing, the server is a BufferedProtocol that receives each header and
   message straight into a preallocated buffer and checks it as the sync server does.
 
+``python -m rsock.bench apps ...`` is the application benchmark (``_apps.py``): the
+unmodified framework programs of ``apps/`` with plain Python and under ``python -m rsock
+run``.
+
 This module never imports ``rsock`` itself (and ``rsock/__init__.py`` must not import
 it), so ``--transport tcp,unix`` works without the native engine.
 """
