@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 APPS = Path(__file__).resolve().with_name("apps")
+BOOT = Path(__file__).resolve().parents[1] / "_boot"  # rsock run's start-up hook directory
 TRANSPORTS = ("tcp", "rsock")
 FRAMEWORKS = ("aiohttp", "uvicorn", "uvloop", "httpx", "h11", "httptools", "tornado",
               "websockets")  # fmt: skip
@@ -102,6 +103,7 @@ class Options:
     timeout: float
     quick: bool
     json_path: str | None
+    plot_path: str | None = None
 
 
 def parse_cases(text: str) -> list[AppCase]:
@@ -144,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="2 reps of 0.5 s")
     ap.add_argument("--json", dest="json_path", metavar="PATH",
                     help="write the environment, the configuration and every sample as JSON")
+    ap.add_argument("--plot", dest="plot_path", metavar="PATH.png",
+                    help="draw rsock/TCP per case (bar: ratio of the medians, dots: each "
+                    "rep's rsock figure over the same rep's TCP figure); needs matplotlib "
+                    "(pip install 'rsock[bench]')")
     return ap  # fmt: skip
 
 
@@ -162,9 +168,14 @@ def parse_options(argv: list[str]) -> Options:
         if len(have) < 2:
             ap.error(f"--pin split needs 2 CPUs, only {have} available (use --pin none)")
         cpus = (have[0], have[1])
-    if a.json_path and not Path(a.json_path).resolve().parent.is_dir():
-        ap.error(f"--json: directory {Path(a.json_path).resolve().parent} does not exist")
-    return Options(a.cases, reps, rep_time, warmup, a.pin, cpus, a.timeout, q, a.json_path)
+    for flag, path in (("--json", a.json_path), ("--plot", a.plot_path)):
+        if path and not Path(path).resolve().parent.is_dir():
+            ap.error(f"{flag}: directory {Path(path).resolve().parent} does not exist")
+    if a.plot_path and importlib.util.find_spec("matplotlib") is None:
+        ap.error("--plot needs matplotlib, which is not installed: pip install 'rsock[bench]' "
+                 "(or: pip install matplotlib)")  # fmt: skip
+    return Options(a.cases, reps, rep_time, warmup, a.pin, cpus, a.timeout, q, a.json_path,
+                   a.plot_path)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- environment
@@ -217,7 +228,8 @@ def child_env(transport: str) -> dict[str, str]:
     under ``rsock run``); rsock: the caller's RSOCK_ variables with RSOCK_FALLBACK=strict.
     Both: the apps directory on PYTHONPATH (uvicorn imports ``asgi_app`` from it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSOCK_")}
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "_boot" not in p]
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+             if p and Path(p).resolve() != BOOT]  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join([str(APPS), *paths])
     if transport == "rsock":
         env.update({k: v for k, v in os.environ.items() if k.startswith("RSOCK_")})
@@ -545,6 +557,45 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def write_plot(path: str, env: dict[str, Any], opts: Options, results: list[Result]) -> None:
+    """One horizontal bar per case measured: rsock/TCP of the medians; dots: per rep."""
+    mpl: Any = importlib.import_module("matplotlib")
+    mpl.use("Agg")
+    plt: Any = importlib.import_module("matplotlib.pyplot")
+    shown = [r for r in results if r.ratio() is not None]
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * max(len(shown), 1)))
+    right = 1.0
+    try:
+        for y, r in enumerate(shown):
+            ratio = r.ratio() or 0.0
+            color = "tab:gray" if r.status != "ok" else (
+                "tab:blue" if ratio >= 1 else "tab:orange")  # fmt: skip
+            ax.barh(y, ratio, color=color, height=0.6)
+            reps = [a / b for a, b in zip(r.figures("rsock"), r.figures("tcp"), strict=False)
+                    if b > 0]  # fmt: skip
+            ax.plot(reps, [y] * len(reps), "k.", markersize=4)
+            label = f"{ratio:.2f}x" + (" FAILED" if r.status != "ok" else "")
+            ax.text(max([ratio, *reps]), y, f"  {label}", va="center", fontsize=8)
+            right = max([right, ratio, *reps])
+        ax.axvline(1.0, color="black", linewidth=1)
+        ax.set_xlim(0, right * 1.2)
+        ax.set_yticks(range(len(shown)))
+        ax.set_yticklabels([f"{r.case.title} ({r.case.unit})" for r in shown], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("rsock / TCP (> 1: rsock is better); dots: each rep")
+        ax.set_title(
+            f"python -m rsock.bench apps, {env['date']}\n{env['cpu_model']} "
+            f"x{env['cpu_count']}, Python {env['python']}, {opts.reps} reps x "
+            f"{opts.rep_time:g} s, server/client pin: {opts.pin}",
+            fontsize=9,
+        )
+        ax.grid(True, axis="x", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
 def main(argv: list[str]) -> int:
     opts = parse_options(argv)
     env = environment(opts)
@@ -587,4 +638,13 @@ def main(argv: list[str]) -> int:
             "cases": [r.to_json() for r in results],
         }
         Path(opts.json_path).write_text(json.dumps(doc, indent=1) + "\n")
-    return EXIT_FAILED if any(r.status == "failed" for r in results) else 0
+    plot_failed = False
+    if opts.plot_path:
+        try:
+            write_plot(opts.plot_path, env, opts, results)
+            say(f"plot written to {opts.plot_path}")
+        except Exception as exc:  # noqa: BLE001 - the table is out; report and fail
+            say(f"rsock.bench apps: --plot failed: {type(exc).__name__}: {exc}")
+            plot_failed = True
+    failed = plot_failed or any(r.status == "failed" for r in results)
+    return EXIT_FAILED if failed else 0
