@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -223,11 +224,13 @@ def missing_modules(case: AppCase) -> list[str]:
 # --------------------------------------------------------------------------- processes
 
 
-def child_env(transport: str) -> dict[str, str]:
+def child_env(transport: str, tmp: Path) -> dict[str, str]:
     """TCP: no RSOCK_ variable and no rsock start-up hook (in case this bench itself runs
     under ``rsock run``); rsock: the caller's RSOCK_ variables with RSOCK_FALLBACK=strict.
-    Both: the apps directory on PYTHONPATH (uvicorn imports ``asgi_app`` from it)."""
+    Both: the apps directory on PYTHONPATH (uvicorn imports ``asgi_app`` from it), and
+    TMPDIR the case's directory (removed afterwards, with what a killed process left)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSOCK_")}
+    env["TMPDIR"] = str(tmp)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
              if p and Path(p).resolve() != BOOT]  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join([str(APPS), *paths])
@@ -294,7 +297,7 @@ def start_server(opts: Options, case: AppCase, transport: str, tmp: Path) -> Ser
     with open(out, "wb") as so, open(err, "wb") as se:
         proc = subprocess.Popen(
             command(transport, report, args), stdin=subprocess.PIPE, stdout=so, stderr=se,
-            env=child_env(transport), cwd=tmp, preexec_fn=pinner(opts.cpus[0]),
+            env=child_env(transport, tmp), cwd=tmp, preexec_fn=pinner(opts.cpus[0]),
         )  # fmt: skip
     server = Server(transport, proc, out, err, report, uvicorn, port)
     try:
@@ -353,7 +356,8 @@ def run_client(
     try:
         proc = subprocess.run(
             command(transport, report, args), stdin=subprocess.DEVNULL, capture_output=True,
-            env=child_env(transport), cwd=tmp, timeout=limit, preexec_fn=pinner(opts.cpus[1]),
+            env=child_env(transport, tmp), cwd=tmp, timeout=limit,
+            preexec_fn=pinner(opts.cpus[1]),
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{transport} client did not finish within {limit:g} s") from None
@@ -464,6 +468,11 @@ def run_case(opts: Options, case: AppCase, say: Callable[[str], None]) -> Result
                         raise RuntimeError(f"rsock not on the fast path: {problem}")
     except RuntimeError as e:
         result.fail(str(e))
+    except BaseException:  # interrupted: stop the servers (finally), leave no files
+        for server in servers.values():
+            stop_server(server, opts.timeout)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     finally:
         for server in servers.values():
             problem = stop_server(server, opts.timeout)
@@ -491,9 +500,7 @@ def run_case(opts: Options, case: AppCase, say: Callable[[str], None]) -> Result
 
 
 def _cleanup(tmp: Path) -> None:
-    for p in tmp.iterdir():
-        p.unlink()
-    tmp.rmdir()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- table
@@ -596,8 +603,13 @@ def write_plot(path: str, env: dict[str, Any], opts: Options, results: list[Resu
         plt.close(fig)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds run_case: servers are stopped
+
+
 def main(argv: list[str]) -> int:
     opts = parse_options(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     env = environment(opts)
 
     def say(msg: str) -> None:
