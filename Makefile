@@ -20,7 +20,7 @@ BENCH_ARGS ?=
 export DEBIAN_FRONTEND := noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all venv sysdeps check-native lint test bench clean
+.PHONY: all venv sysdeps check-native lint test bench bench-apps clean
 
 all: test
 
@@ -87,6 +87,11 @@ test: venv
 
 bench: venv
 	$(VPY) -m rsock.bench $(BENCH_ARGS)
+
+# The application benchmark: unmodified framework programs (rsock/bench/apps) over TCP
+# and under `python -m rsock run`, interleaved (the frameworks: the compat extra).
+bench-apps: venv
+	$(VPY) -m rsock.bench apps $(BENCH_ARGS)
 
 clean:
 	-[ -f native/Makefile ] && $(MAKE) -C native clean

@@ -72,7 +72,9 @@ def test_wheel_installs_and_runs_outside_the_tree(tmp_path: Path) -> None:
     [wheel] = list(wheels.glob("rsock-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("rsock/__init__.py", "rsock/py.typed", "rsock/bench/__main__.py",
-                   "rsock/_boot/sitecustomize.py", "rsock/asyncio.py"):  # fmt: skip
+                   "rsock/_boot/sitecustomize.py", "rsock/asyncio.py", "rsock/bench/_apps.py",
+                   "rsock/bench/apps/aiohttp_server.py",
+                   "rsock/bench/apps/asgi_app.py"):  # fmt: skip
         assert needed in names, needed
     assert any(n.startswith("rsock/_native") and n.endswith(".so") for n in names), names
     assert any(n.startswith("rsock/_fastcall") and n.endswith(".so") for n in names), names

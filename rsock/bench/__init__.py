@@ -56,6 +56,10 @@ APIs (``--api``):
   paused writing, the server is a BufferedProtocol that receives each header and
   message straight into a preallocated buffer and checks it as the sync server does.
 
+``python -m rsock.bench apps ...`` is the application benchmark (``_apps.py``): the
+unmodified framework programs of ``apps/`` with plain Python and under ``python -m rsock
+run``.
+
 This module never imports ``rsock`` itself (and ``rsock/__init__.py`` must not import
 it), so ``--transport tcp,unix`` works without the native engine.
 """
@@ -203,7 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m rsock.bench",
         description="Stream throughput, message rate, ping-pong latency, connection setup "
         "rate and idle cost of rsock vs TCP (and AF_UNIX), server and client in separate "
-        "processes.",
+        "processes.  `python -m rsock.bench apps --help`: the application benchmark "
+        "(unmodified aiohttp, uvicorn+httpx, tornado and websockets programs, TCP against "
+        "`python -m rsock run`).",
     )
     ap.add_argument(
         "--transport",
@@ -1541,7 +1547,14 @@ def progress(case: Case) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = parse_options(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["apps"]:  # the application benchmark (_apps.py)
+        if __package__:
+            from rsock.bench import _apps
+        else:
+            import _apps  # type: ignore[import-not-found,no-redef]
+        return _apps.main(args[1:])
+    opts = parse_options(args)
     env = environment(opts)
     plan = case_plan(opts)
     bar = _progress.make(opts.progress, len(plan))

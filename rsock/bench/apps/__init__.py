@@ -1,0 +1,8 @@
+"""The programs of ``python -m rsock.bench apps``: servers and clients written as each
+framework's documentation shows, with no rsock import.  The bench runs each of them
+once with plain Python (TCP) and once under ``python -m rsock run``.
+
+Servers print ``PORT <n>...`` once they listen (uvicorn is started by its own command
+line and says so on stderr) and serve until their standard input closes.  Clients take
+``PORT... MODE SECONDS WARMUP``, run their loop for WARMUP seconds, then for SECONDS
+seconds, and print one JSON line: ``{"count": ..., "bytes": ..., "elapsed": ...}``."""

@@ -1,0 +1,39 @@
+"""httpx, as its documentation shows: a keep-alive ``httpx.Client`` against an ASGI app
+under uvicorn (no rsock import).
+
+``httpx_client.py PORT MODE SECONDS WARMUP``; MODE: keepalive (GET /small) or big
+(GET /big, 1 MiB).  Runs WARMUP seconds, then SECONDS seconds, and prints one JSON
+line: requests, body bytes, elapsed."""
+
+import json
+import sys
+import time
+
+import httpx
+
+BIG = bytes(range(256)) * 4096
+
+
+def loop(client: httpx.Client, url: str, want: bytes, seconds: float) -> dict[str, float]:
+    count = nbytes = 0
+    start = time.perf_counter()
+    while True:
+        body = client.get(url).content
+        assert body == want, len(body)
+        count += 1
+        nbytes += len(body)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return {"count": count, "bytes": nbytes, "elapsed": elapsed}
+
+
+def main(port: int, mode: str, seconds: float, warmup: float) -> None:
+    path, want = ("/small", b"hello") if mode == "keepalive" else ("/big", BIG)
+    url = f"http://127.0.0.1:{port}{path}"
+    with httpx.Client() as client:
+        loop(client, url, want, warmup)
+        result = loop(client, url, want, seconds)
+    print(json.dumps(result), flush=True)
+
+
+main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))

@@ -1,0 +1,40 @@
+"""tornado, as its documentation shows: TCPClient and IOStream line round trips (no
+rsock import).
+
+``tornado_client.py PORT MODE SECONDS WARMUP``; MODE: rtt (64-byte lines, each echoed
+before the next is sent).  Runs WARMUP seconds, then SECONDS seconds, and prints one
+JSON line: round trips, bytes sent, elapsed."""
+
+import asyncio
+import json
+import sys
+import time
+
+import tornado.iostream
+import tornado.tcpclient
+
+LINE = b"x" * 63 + b"\n"  # 64 bytes
+
+
+async def loop(stream: tornado.iostream.IOStream, seconds: float) -> dict[str, float]:
+    count = 0
+    start = time.perf_counter()
+    while True:
+        await stream.write(LINE)
+        assert await stream.read_until(b"\n") == LINE
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return {"count": count, "bytes": count * len(LINE), "elapsed": elapsed}
+
+
+async def main(port: int, mode: str, seconds: float, warmup: float) -> None:
+    assert mode == "rtt", mode
+    stream = await tornado.tcpclient.TCPClient().connect("127.0.0.1", port)
+    await loop(stream, warmup)
+    result = await loop(stream, seconds)
+    stream.close()
+    print(json.dumps(result), flush=True)
+
+
+asyncio.run(main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])))

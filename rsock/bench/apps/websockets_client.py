@@ -1,0 +1,38 @@
+"""A websockets client, as its documentation shows (no rsock import).
+
+``websockets_client.py PORT MODE SECONDS WARMUP``; MODE: small (64-byte binary
+messages) or big (1 MiB), each echoed by the server before the next is sent.  Runs
+WARMUP seconds, then SECONDS seconds, and prints one JSON line: messages, bytes
+(one direction), elapsed."""
+
+import asyncio
+import json
+import sys
+import time
+
+from websockets.asyncio.client import ClientConnection, connect
+
+BIG = bytes(range(256)) * 4096
+
+
+async def loop(ws: ClientConnection, message: bytes, seconds: float) -> dict[str, float]:
+    count = 0
+    start = time.perf_counter()
+    while True:
+        await ws.send(message)
+        assert await ws.recv() == message
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return {"count": count, "bytes": count * len(message), "elapsed": elapsed}
+
+
+async def main(port: int, mode: str, seconds: float, warmup: float) -> None:
+    message = BIG[:64] if mode == "small" else BIG
+    async with connect(f"ws://127.0.0.1:{port}", max_size=4 * 1024 * 1024) as ws:
+        await loop(ws, message, warmup)
+        result = await loop(ws, message, seconds)
+    print(json.dumps(result), flush=True)
+
+
+asyncio.run(main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4])))

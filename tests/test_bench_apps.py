@@ -1,0 +1,56 @@
+"""Smoke test of ``python -m rsock.bench apps`` (one cheap case, tiny reps: an outcome
+check, not a measurement)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout_s(150)
+def test_apps_tornado_round_trips_both_sides_fast_path(tmp_path: Path) -> None:
+    # make test installs the compat extra (tornado): never skipped
+    assert importlib.util.find_spec("tornado") is not None
+    out = tmp_path / "apps.json"
+    pin = ["--pin", "none"] if len(os.sched_getaffinity(0)) < 2 else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RSOCK_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock.bench", "apps", "--quick", "--cases", "tornado-rtt",
+         "--rep-time", "0.2", "--warmup", "0.1", "--timeout", "30", "--json", str(out), *pin],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    [row] = [line for line in proc.stdout.splitlines() if line.startswith("tornado ")]
+    # case, unit, TCP "median [min-max]", rsock "median [min-max]", ratio, fast path
+    assert " RT/s " in row and row.count("[") == 2, row
+    assert "x  " in row and "yes (2 conns)" in row and "FAILED" not in proc.stdout, row
+
+    doc = json.loads(out.read_text())
+    [case] = doc["cases"]
+    assert case["case"] == "tornado-rtt" and case["status"] == "ok", case
+    for transport in ("tcp", "rsock"):
+        samples = case["samples"][transport]
+        assert len(samples) == 2, samples  # --quick: 2 reps
+        assert all(s["count"] > 0 and s["elapsed"] > 0 for s in samples), samples
+        assert case["median"][transport] > 0
+    assert case["ratio_rsock_tcp"] > 0
+    assert case["fast_path"] is True
+    # every rsock client run and the rsock server: connections on shm only, no TCP
+    reports = [*case["reports"]["client"], case["reports"]["server"]]
+    assert len(reports) == 3, reports
+    for counts in reports:
+        assert not [k for k in counts if k.endswith(":tcp")], counts
+    assert [c.get("connect:shm") for c in case["reports"]["client"]] == [1, 1]
+    assert case["reports"]["server"].get("accept:shm") == 2
+    assert doc["config"]["rsock_fallback"] == "strict"
+    assert doc["env"]["versions"]["tornado"]
+    assert doc["env"]["cpu_model"] and doc["env"]["python"]
