@@ -67,13 +67,11 @@ it), so ``--transport tcp,unix`` works without the native engine.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata
 import importlib.util
 import json
 import math
 import os
-import platform
 import re
 import select
 import shutil
@@ -87,8 +85,9 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from rsock.bench import _plot, _progress
+    from rsock.bench import _env, _plot, _progress
 else:  # `python rsock/bench/__init__.py`: the sibling modules are on sys.path[0]
+    import _env  # type: ignore[import-not-found,no-redef]
     import _plot  # type: ignore[import-not-found,no-redef]
     import _progress  # type: ignore[import-not-found,no-redef]
 
@@ -513,16 +512,6 @@ def pin_text(opts: Options) -> str:
 # --------------------------------------------------------------------------- environment
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def git_commit() -> str | None:
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
@@ -540,28 +529,12 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def uvloop_version() -> str | None:
-    try:
-        return importlib.metadata.version("uvloop")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def environment(opts: Options) -> dict[str, Any]:
     return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "executable": sys.executable,
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "kernel": f"{platform.system()} {platform.release()}",
-        "machine": platform.machine(),
-        "pin": opts.pin,
-        "pin_cpus": {"server": opts.cpus[0], "client": opts.cpus[1]},
+        **_env.host(opts.pin, opts.cpus),
         "apis": opts.apis,
         "asyncio_loop": opts.loop,
-        "uvloop_version": uvloop_version(),
+        "uvloop_version": package_version("uvloop"),
         "git_commit": git_commit(),
         "rsock_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RSOCK_")},
         "mode": opts.mode,
@@ -572,11 +545,7 @@ def environment(opts: Options) -> dict[str, Any]:
     }
 
 
-def package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+package_version = _env.package_version
 
 
 def is_rsock(transport: str) -> bool:

@@ -24,12 +24,10 @@ killed if they do not exit.  This module never imports rsock.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -42,6 +40,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if __package__:
+    from rsock.bench import _env
+else:  # run from rsock/bench/ itself: the sibling modules are on sys.path[0]
+    import _env  # type: ignore[import-not-found,no-redef]
 
 APPS = Path(__file__).resolve().with_name("apps")
 BOOT = Path(__file__).resolve().parents[1] / "_boot"  # rsock run's start-up hook directory
@@ -182,37 +185,11 @@ def parse_options(argv: list[str]) -> Options:
 # --------------------------------------------------------------------------- environment
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def environment(opts: Options) -> dict[str, Any]:
     return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "executable": sys.executable,
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "kernel": f"{platform.system()} {platform.release()}",
-        "machine": platform.machine(),
-        "pin": opts.pin,
-        "pin_cpus": {"server": opts.cpus[0], "client": opts.cpus[1]},
-        "rsock": version("rsock"),
-        "versions": {name: version(name) for name in FRAMEWORKS},
+        **_env.host(opts.pin, opts.cpus),
+        "rsock": _env.package_version("rsock"),
+        "versions": {name: _env.package_version(name) for name in FRAMEWORKS},
         "rsock_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("RSOCK_")},
     }
 
