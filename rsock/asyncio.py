@@ -39,7 +39,13 @@ _fast_recv_into = _ll.fast_recv_into
 
 __all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
 
-_MAX_READ = 256 * 1024  # bytes per recv for a plain Protocol
+# Bytes per recv for a plain Protocol: 64 KiB, below glibc's mmap threshold (128 KiB),
+# so the bytes objects handed to data_received come from the heap's free lists.  With
+# 256 KiB, and a whole reply already in the ring (where TCP's arrive a segment at a
+# time), every read made and dropped a 256 KiB object at the heap's top, which glibc
+# trimmed and grew again each time: aiohttp's 1 MiB GET ran at 0.44x TCP (1.14x with
+# MALLOC_TOP_PAD_=16 MiB), 1.36x with 64 KiB reads (python -m rsock.bench apps --quick).
+_MAX_READ = 64 * 1024
 _SCRATCH = 16 * 1024  # first read of a plain Protocol
 _ACCEPT_RETRY_DELAY = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
