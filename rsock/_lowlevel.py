@@ -157,7 +157,11 @@ def new() -> Handle:
 
 
 def fileno(h: Handle) -> int:
-    return int(lib.rsk_fileno(h.ptr))
+    """The socket's pollable fd, made on first use (OSError: EMFILE...)."""
+    rc = int(lib.rsk_fileno(h.ptr))
+    if rc < 0:
+        raise oserror(rc)
+    return rc
 
 
 WATCH_NOTIFY: int = lib.RSK_WATCH_NOTIFY
@@ -228,13 +232,18 @@ def connect(
     family: int,
     src: tuple[Any, ...],
     dst: tuple[Any, ...],
+    bound: bytes | None,
     timeout_ms: int,
 ) -> int:
+    """Local connect to rendezvous ``name``; ``bound``: the name that holds
+    src's port meanwhile (-EADDRINUSE: taken)."""
     s = ffi.new("struct rsk_addr *")
     d = ffi.new("struct rsk_addr *")
     _fill_addr(s, family, src[0], src[1], *(src[2:4] if len(src) >= 4 else (0, 0)))
     _fill_addr(d, family, dst[0], dst[1], *(dst[2:4] if len(dst) >= 4 else (0, 0)))
-    return int(lib.rsk_connect(h.ptr, name, len(name), s, d, timeout_ms))
+    if bound is None:
+        return int(lib.rsk_connect(h.ptr, name, len(name), s, d, timeout_ms))
+    return int(lib.rsk_connect_bound(h.ptr, name, len(name), bound, len(bound), s, d, timeout_ms))
 
 
 VF_LOOPBACK4 = int(lib.RSK_VF_LOOPBACK4)

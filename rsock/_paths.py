@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno as _errno
 import ipaddress
 import os
+import random
 import socket as _std
 import time
 from typing import Any
@@ -113,6 +114,53 @@ def client_names(family: int, host: str, port: int) -> list[bytes]:
     if host != wild:
         names.append(f"rsock/{tag}/{wild}/{port}".encode())
     return names
+
+
+def port_name(family: int, host: str, port: int) -> bytes:
+    """The rendezvous name an rsock client binds to hold its local port
+    ``(host, port)`` while it is connected (no kernel socket for that)."""
+    tag = "4" if family == _std.AF_INET else "6"
+    return f"rsock/c{tag}/{host}/{port}".encode()
+
+
+def _port_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        if 1 <= lo <= hi <= 65535:
+            return lo, hi
+    except (OSError, ValueError):
+        pass
+    return 32768, 60999
+
+
+PORT_RANGE = _port_range()
+
+_syn_retries: list[int] = []
+
+
+def syn_retries() -> int:
+    """net.ipv4.tcp_syn_retries (what TCP_SYNCNT reads on a socket that did
+    not set it), read once."""
+    if not _syn_retries:
+        try:
+            with open("/proc/sys/net/ipv4/tcp_syn_retries") as f:
+                _syn_retries.append(int(f.read()))
+        except (OSError, ValueError):
+            _syn_retries.append(6)
+    return _syn_retries[0]
+
+
+# ports for port_name: a private generator (a program's random.seed() does
+# not steer it), reseeded in a fork child so that parent and child differ
+_ports = random.Random()
+os.register_at_fork(after_in_child=_ports.seed)
+
+
+def pick_port() -> int:
+    """A random port of PORT_RANGE (for port_name; a taken one is retried)."""
+    return _ports.randint(*PORT_RANGE)
 
 
 _LOCAL_TTL = 1.0  # seconds an is_local answer is reused (addresses rarely move)

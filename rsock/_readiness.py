@@ -30,9 +30,8 @@ class Watch:
     on them.
 
     Nothing is watched until ``start()``; ``arm`` and ``disarm`` come
-    after it.  Then ``handle``, ``addr`` (the
-    handle for ``rsock._fastcall``) and ``fd`` (the connection's
-    ``fileno()``) are there for the caller's own non-blocking engine calls,
+    after it.  Then ``handle`` and ``addr`` (the
+    handle for ``rsock._fastcall``) are there for the caller's own non-blocking engine calls,
     which report ``-errno``: ``error(rc)`` is the exception the socket would
     raise for it."""
 
@@ -40,7 +39,6 @@ class Watch:
         "handle",
         "_owned",
         "addr",
-        "fd",
         "notify_fd",
         "live_fd",
         "_is_open",
@@ -66,7 +64,7 @@ class Watch:
         (what the engine keeps exact: ``_ll.WATCH_*``) are its own."""
         self._owned = handle
         self.addr = 0
-        self.fd = self.notify_fd = self.live_fd = -1
+        self.notify_fd = self.live_fd = -1
         self._is_open = is_open
         self._error = error
         self._watch_on = watch_on
@@ -85,9 +83,20 @@ class Watch:
         self.handle = h
         self._watch_on(_ll.WATCH_NOTIFY)
         self.addr = h.addr
-        self.fd = _ll.fileno(h)
         self.notify_fd, self.live_fd = _ll.notify_fds(h)
         return h
+
+    @property
+    def fd(self) -> int:
+        """The connection's ``fileno()`` (made now if it was not yet: an
+        event loop that watches the notify fd never needs it), or -1."""
+        h = self._owned
+        if h is None or not self._is_open():
+            return -1
+        try:
+            return _ll.fileno(h)
+        except OSError:
+            return -1
 
     def is_open(self) -> bool:
         """Does the socket object still hold this connection (not closed)?"""

@@ -356,6 +356,58 @@ def make_file(
     return text
 
 
+class _KernelOptions:
+    """Kernel socket options of rsock sockets that have no kernel socket (an
+    unbound client, an accepted connection): each is set on a throwaway
+    kernel socket of the family (so that it is checked as the kernel checks
+    it: same exceptions), read back as the kernel stores it, and recorded
+    on the rsock socket.  An option never set reads a throwaway socket's,
+    which is the kernel's default.  (A shared scratch socket would save the
+    socket() call, but would stay open for the life of the process.)"""
+
+    _BUFLEN = 256
+
+    @staticmethod
+    def set(
+        family: int,
+        kopts: dict[tuple[int, int], bytes],
+        level: int,
+        name: int,
+        value: Any,
+        optlen: int | None,
+    ) -> None:
+        with _std.socket(family, _std.SOCK_STREAM) as k:
+            if optlen is None:
+                k.setsockopt(level, name, value)
+            else:
+                k.setsockopt(level, name, value, optlen)
+            try:
+                kopts[(level, name)] = k.getsockopt(level, name, _KernelOptions._BUFLEN)
+            except OSError:
+                pass  # write-only: nothing to read back
+
+    @staticmethod
+    def get(
+        family: int,
+        kopts: dict[tuple[int, int], bytes],
+        level: int,
+        name: int,
+        buflen: int | None,
+    ) -> Any:
+        raw = kopts.get((level, name))
+        if raw is None or (buflen is not None and not 0 < buflen <= 1024):
+            with _std.socket(family, _std.SOCK_STREAM) as k:
+                if buflen is None:
+                    return k.getsockopt(level, name)
+                return k.getsockopt(level, name, buflen)
+        if buflen is None:
+            return int.from_bytes(raw[:4].ljust(4, b"\0"), sys.byteorder, signed=True)
+        return raw[:buflen]
+
+
+_KERNEL_OPTIONS = _KernelOptions()
+
+
 class _Core:
     """What a socket and its ``dup()``s share: the engine handle, the kernel
     socket that reserves the address, and the connection state.  The handle
@@ -380,13 +432,20 @@ class _Core:
         "ring_set",
         "rv",
         "shared",
+        "kopts",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
         self.h = h
         self.refs = 1
         self.lock = threading.Lock()
+        # the kernel socket that reserves a bound or listening address (or
+        # carries the TCP path); made when first needed, never for an rsock
+        # client that connects unbound or an accepted connection
         self.tcp = tcp
+        # kernel options set while there is no kernel socket, as the kernel
+        # reads them back (_KernelOptions); given to it when it is made
+        self.kopts: dict[tuple[int, int], bytes] = {}
         self.connected = False
         self.listening = False
         self.bound = False
@@ -469,17 +528,10 @@ class socket:
         self._timeout: float | None = _std.getdefaulttimeout()
         if type & getattr(_std, "SOCK_NONBLOCK", 0):
             self._timeout = 0.0
-        # the kernel socket that reserves our address (never listens)
-        tcp = _std.socket(family, _std.SOCK_STREAM)
-        try:
-            h = _ll.new()
-        except BaseException:
-            tcp.close()
-            raise
-        self._core = _Core(h, tcp)
+        h = _ll.new()
+        self._core = _Core(h, None)  # no kernel socket until one is needed
         self._core.ring_set = bool(os.environ.get("RSOCK_RING_SIZE"))
         self._h = h
-        _live[_ll.fileno(h)] = self
         rc = _ll.set_opts(h, opts)
         if rc < 0:
             self.close()
@@ -494,7 +546,6 @@ class socket:
         self._timeout = _std.getdefaulttimeout()
         self._core = core
         self._h = h
-        _live[_ll.fileno(h)] = self
 
     @classmethod
     def _accepted(
@@ -573,7 +624,9 @@ class socket:
         if h is None:
             return -1 if self._tcp is None else self._tcp.fileno()
         self._watch(_ll.WATCH_FD)
-        return _ll.fileno(h)
+        fd = _ll.fileno(h)  # made on first use
+        _live[fd] = self
+        return fd
 
     def _watch(self, mask: int) -> None:
         """Turn on the engine's exact readiness (``_ll.WATCH_*``)."""
@@ -614,6 +667,13 @@ class socket:
     def set_inheritable(self, inheritable: bool) -> None:
         os.set_inheritable(self.fileno(), inheritable)
 
+    def _fd_or_minus1(self) -> int:
+        h = self._h
+        try:
+            return -1 if h is None else _ll.fileno(h)
+        except OSError:
+            return -1
+
     def __repr__(self) -> str:
         if self._tcp is not None:
             return self._tcp.repr(self._family)
@@ -621,7 +681,7 @@ class socket:
         closed = getattr(self, "_closed", False)
         s = (
             f"<rsock.socket{' [closed]' if closed else ''} "
-            f"fd={_ll.fileno(h) if h is not None else -1}, "
+            f"fd={self._fd_or_minus1()}, "
             f"family={self._family!s}, type={_std.SOCK_STREAM!s}, proto={self._proto}"
         )
         if not closed and h is not None:
@@ -835,21 +895,30 @@ class socket:
     # ------------------------------------------------------------ addresses
 
     def _reserve(self) -> _std.socket:
+        """The kernel socket that reserves our address, made now if there is
+        none yet (with the options set so far)."""
         core = self._core
         if core.tcp is None:
             if self._h is None:
                 raise _ebadf()
-            core.tcp = _std.socket(self._family, _std.SOCK_STREAM)
+            tcp = _std.socket(self._family, _std.SOCK_STREAM)
+            try:
+                for (level, name), raw in core.kopts.items():
+                    tcp.setsockopt(level, name, raw)
+            except BaseException:
+                tcp.close()
+                raise
+            core.tcp = tcp
         return core.tcp
 
     @routed
     def bind(self, address: Any, /) -> None:
         core = self._core
-        tcp = core.tcp
-        if self._h is None or core.connected or core.listening or tcp is None:
+        if self._h is None or core.connected or core.listening:
             self._resolve(address, "bind")  # the stdlib checks the address first
             self._handle()
             raise OSError(_errno.EINVAL, "Invalid argument")
+        tcp = self._reserve()
         tcp.bind(address)
         core.bound = True
         self._bind_names(tcp)
@@ -870,9 +939,12 @@ class socket:
     @routed
     def getsockname(self) -> Any:
         self._handle()
-        if self._core.local is not None:
-            return self._core.local
-        return self._reserve().getsockname()
+        core = self._core
+        if core.local is not None:
+            return core.local
+        if core.tcp is None:  # nothing bound
+            return ("0.0.0.0", 0) if self._family == _std.AF_INET else ("::", 0, 0, 0)
+        return core.tcp.getsockname()
 
     @routed
     def getpeername(self) -> Any:
@@ -911,8 +983,10 @@ class socket:
                     raise _ll.oserror(rc)
             return
         self._handle()
-        tcp = self._reserve()
-        if optlen is None:
+        tcp = self._core.tcp
+        if tcp is None:
+            _KERNEL_OPTIONS.set(self._family, self._core.kopts, level, optname, value, optlen)
+        elif optlen is None:
             tcp.setsockopt(level, optname, value)
         else:
             tcp.setsockopt(level, optname, value, optlen)
@@ -956,7 +1030,13 @@ class socket:
             if field is None:
                 raise OSError(_errno.ENOPROTOOPT, "Protocol not available")
             return _opt_result(getattr(_ll.get_opts(h), field), buflen)
-        tcp = self._reserve()
+        return self._kernel_opt(level, optname, buflen)
+
+    def _kernel_opt(self, level: int, optname: int, buflen: int | None) -> Any:
+        """A kernel option's value, as the kernel socket reads it back."""
+        tcp = self._core.tcp
+        if tcp is None:
+            return _KERNEL_OPTIONS.get(self._family, self._core.kopts, level, optname, buflen)
         if buflen is None:
             return tcp.getsockopt(level, optname)
         return tcp.getsockopt(level, optname, buflen)
@@ -1116,24 +1196,55 @@ class socket:
         if not way:
             core.detail = src_ip  # why not
             return -_errno.ECONNREFUSED
-        if not core.bound and src_ip:
-            fam = self._family
-            self._reserve().bind((src_ip, 0) if fam == _std.AF_INET else (src_ip, 0, 0, 0))
-            core.bound = True
+        fam = self._family
         if way == "verbs":
+            if not core.bound and src_ip:
+                self._reserve().bind((src_ip, 0) if fam == _std.AF_INET else (src_ip, 0, 0, 0))
+                core.bound = True
             return self._dial_verbs(h, core, dst, timeout_ms)
-        src = tuple(self._reserve().getsockname())
         timeout, deadline = _clock(timeout_ms / 1000)
+        names = _paths.client_names(fam, host, dst[1])
+        if core.bound:  # bind() before connect: the kernel socket holds the port
+            src = tuple(self._reserve().getsockname())
+            rc = self._dial_names(h, names, src, dst, None, timeout, deadline)
+        else:
+            # the connection's own rendezvous name holds the port: no
+            # kernel socket (see "Differences" in the README)
+            ip = src_ip or ("127.0.0.1" if fam == _std.AF_INET else "::1")
+            rc = -_errno.EADDRINUSE
+            for _ in range(64):
+                port = _paths.pick_port()
+                src = (ip, port) if fam == _std.AF_INET else (ip, port, 0, 0)
+                bound = _paths.port_name(fam, ip, port)
+                rc = self._dial_names(h, names, src, dst, bound, timeout, deadline)
+                if rc != -_errno.EADDRINUSE:
+                    break
+            if rc >= 0:
+                core.local = src
+        if rc >= 0:
+            core.connected = True
+            core.peer = dst if fam == _std.AF_INET6 else dst[:2]
+            _tally(f"connect:{self._provider_name}")
+        return rc
+
+    def _dial_names(
+        self,
+        h: _ll.Handle,
+        names: list[bytes],
+        src: tuple[Any, ...],
+        dst: tuple[Any, ...],
+        bound: bytes | None,
+        timeout: float | None,
+        deadline: float | None,
+    ) -> int:
+        """Tries the rendezvous names in turn (the next one only while the
+        last refused): the engine's result."""
         rc = -_errno.ECONNREFUSED
-        for name in _paths.client_names(self._family, host, dst[1]):
-            args = (name, self._family, src, dst)
+        for name in names:
+            args = (name, self._family, src, dst, bound)
             rc = self._attempt(_ll.connect, h, args, timeout, deadline)
             if rc != -_errno.ECONNREFUSED:
                 break
-        if rc >= 0:
-            core.connected = True
-            core.peer = dst if self._family == _std.AF_INET6 else dst[:2]
-            _tally(f"connect:{self._provider_name}")
         return rc
 
     def _dial_verbs(
@@ -1210,11 +1321,17 @@ class socket:
     def _give_up_ms(self) -> int:
         """How long a connect with no timeout waits for a full backlog before
         ETIMEDOUT: as long as TCP retries its SYN (TCP_SYNCNT, read from
-        the kernel socket that reserves the address; 6 tries: 127 s)."""
+        the kernel socket that reserves the address, or set on this socket,
+        else the kernel's default, tcp_syn_retries; 6 tries: 127 s)."""
+        core = self._core
+        n: int = 6
         try:
-            n = self._reserve().getsockopt(_std.IPPROTO_TCP, _std.TCP_SYNCNT)
+            if core.tcp is not None or (_std.IPPROTO_TCP, _std.TCP_SYNCNT) in core.kopts:
+                n = int(self._kernel_opt(_std.IPPROTO_TCP, _std.TCP_SYNCNT, None))
+            else:
+                n = _paths.syn_retries()
         except (OSError, AttributeError):
-            n = 6
+            pass
         return ((1 << (n + 1)) - 1) * 1000
 
     def _dial_behind(self, h: _ll.Handle, core: _Core, dst: tuple[Any, ...]) -> None:

@@ -176,6 +176,14 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
 		const struct rsk_addr *src, const struct rsk_addr *dst,
 		int timeout_ms);
+/* rsk_connect whose client end first binds the rendezvous name bound
+ * (bound_len bytes): the name that holds src's port for as long as the
+ * connection lives (no kernel socket needed to reserve it).  -EADDRINUSE
+ * if another connection holds it (the caller picks another port). */
+int rsk_connect_bound(rsk_sock *s, const char *name, size_t namelen,
+		      const char *bound, size_t bound_len,
+		      const struct rsk_addr *src, const struct rsk_addr *dst,
+		      int timeout_ms);
 
 /* The verbs provider (RDMA RC queue pairs through rdma_cm; libibverbs
  * and librdmacm are loaded at run time).  rsk_verbs_probe returns the

@@ -72,6 +72,8 @@ static inline void cm_result_release(struct cm_result *res)
 struct cm_dial {
 	const char *name;
 	size_t namelen;
+	const char *bound; /* local connect: the client's own name (or NULL) */
+	size_t bound_len;
 	const struct rsk_addr *src, *dst; /* listen: dst is the address */
 	int flags;      /* rdma: RSK_VF_* */
 	int timeout_ms; /* connect: -1 waits forever */

@@ -477,6 +477,19 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
+	if (d->bound) {
+		/* the name that holds our port (PROTOCOL.md, section 6) */
+		struct sockaddr_un ba;
+		socklen_t blen;
+
+		rc = cm_addr(d->bound, d->bound_len, &ba, &blen);
+		if (!rc && bind(fd, (struct sockaddr *)&ba, blen) < 0)
+			rc = -errno;
+		if (rc) {
+			close(fd);
+			return rc;
+		}
+	}
 	/* Both halves are made before connecting, so that the REQ follows the
 	 * connect at once: a listener that wakes for the connection finds it
 	 * ready to accept, as a TCP listener's readiness means (made after,

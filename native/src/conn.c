@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -110,24 +109,53 @@ static int eng_quiet(rsk_sock *s)
 typedef int (*eng_pred)(const rsk_sock *s);
 
 
-/* epoll_wait, and (sigfd >= 0) a signal's byte in sigfd ends it with
- * EINTR (drained) */
-static int eng_epoll_wait(int epfd, int sigfd, struct epoll_event *ev,
-			  int max, int ms)
-{
-	struct pollfd p[2];
+/* What eng_wait sleeps on (no epoll fd per connection: two fds are
+ * cheaper to poll than an epoll set is to make): the notify fd and, until
+ * the peer is gone, the liveness fd of a connection, and Python's wakeup
+ * fd.  Set up under s->lock, polled without it. */
+struct eng_pollset {
+	struct pollfd p[3];
+	int n, i_live, i_sig, sigfd;
+};
 
-	if (sigfd < 0)
-		return epoll_wait(epfd, ev, max, ms);
-	p[0] = (struct pollfd){ .fd = epfd, .events = POLLIN };
-	p[1] = (struct pollfd){ .fd = sigfd, .events = POLLIN };
-	if (poll(p, 2, ms) < 0)
-		return -1;
-	if (eng_sig_came(sigfd)) {
+static void eng_pollset(const rsk_sock *s, int sigfd, struct eng_pollset *w)
+{
+	w->n = 0;
+	w->i_live = w->i_sig = -1;
+	w->sigfd = sigfd;
+	if (s->kind == K_CONN) {
+		w->p[w->n++] = (struct pollfd){
+			.fd = s->p.ops->notify_fd(s->p.qp), .events = POLLIN
+		};
+		if (s->live_fd >= 0 && !(s->p.flags & F_PEER_GONE)) {
+			w->i_live = w->n;
+			w->p[w->n++] = (struct pollfd){
+				.fd = s->live_fd, .events = POLLIN | POLLRDHUP
+			};
+		}
+	}
+	if (sigfd >= 0) {
+		w->i_sig = w->n;
+		w->p[w->n++] = (struct pollfd){ .fd = sigfd, .events = POLLIN };
+	}
+}
+
+/* Returns the number of fds ready (a signal's byte: -1, EINTR, drained),
+ * *live set if the liveness fd is one of them. */
+static int eng_poll_wait(struct eng_pollset *w, int ms, int *live)
+{
+	int rc;
+
+	*live = 0;
+	rc = poll(w->p, (nfds_t)w->n, ms);
+	if (rc <= 0)
+		return rc;
+	if (w->i_sig >= 0 && w->p[w->i_sig].revents && eng_sig_came(w->sigfd)) {
 		errno = EINTR;
 		return -1;
 	}
-	return p[0].revents ? epoll_wait(epfd, ev, max, 0) : 0;
+	*live = w->i_live >= 0 && w->p[w->i_live].revents != 0;
+	return rc;
 }
 
 /* Sleep until eng_wake, the deadline or a signal (-EINTR); s->lock held
@@ -167,10 +195,10 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
  */
 static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 {
-	struct epoll_event ev[4];
 	int64_t spin_end = 0, sig_look = 0;
 	int sigfd = eng_my_sigfd();
-	int n, i, rc;
+	struct eng_pollset w;
+	int n, live, rc;
 
 	for (;;) {
 		eng_progress(s);
@@ -236,17 +264,17 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			}
 		}
 		s->st.sleeps++;
+		eng_pollset(s, sigfd, &w);
 		pthread_mutex_unlock(&s->lock);
-		n = eng_epoll_wait(s->epfd, sigfd, ev, 4, eng_ms_left(deadline));
+		n = eng_poll_wait(&w, eng_ms_left(deadline), &live);
 		rc = n < 0 ? -errno : 0;
 		pthread_mutex_lock(&s->lock);
 		s->fd_waiter = 0;
 		if (s->kind == K_CONN && !s->released) {
 			s->p.ops->ack(s->p.qp);
 			s->kicked = 0;
-			for (i = 0; i < n; i++)
-				if (ev[i].data.fd == s->live_fd)
-					eng_check_live(s);
+			if (live)
+				eng_check_live(s);
 		}
 		eng_wake(s);
 		if (rc == -EINTR)
@@ -612,7 +640,7 @@ int rsk_take_error(rsk_sock *s)
 	eng_lock(s);
 	e = s->p.so_error;
 	s->p.so_error = 0;
-	if (s->refused) {
+	if (s->refused && s->fa >= 0) {
 		/* the caller read the refused connect's outcome: fa's pending
 		 * error goes too, as SO_ERROR clears a TCP socket's (it still
 		 * polls readable, writable and hung up) */
@@ -692,10 +720,12 @@ int rsk_set_refused(rsk_sock *s)
 		return rc;
 	if (s->kind != K_NEW) {
 		rc = -EISCONN;
-	} else if (s->fb >= 0) {
+	} else {
 		/* as a reset connection's (eng_sync_pair): fb closes with the
-		 * filler queued, so fa gets a pending error and hangs up */
-		close(s->fb);
+		 * filler queued, so fa gets a pending error and hangs up (a
+		 * pair made later does the same: eng_fd_make) */
+		if (s->fb >= 0)
+			close(s->fb);
 		s->fb = -1;
 		s->refused = 1;
 	}
@@ -766,10 +796,20 @@ int rsk_connect(rsk_sock *s, const char *name, size_t namelen,
 		const struct rsk_addr *src, const struct rsk_addr *dst,
 		int timeout_ms)
 {
-	struct cm_dial d = { .name = name, .namelen = namelen, .src = src,
-			     .dst = dst, .timeout_ms = timeout_ms };
+	return rsk_connect_bound(s, name, namelen, NULL, 0, src, dst,
+				 timeout_ms);
+}
 
-	if (!name)
+int rsk_connect_bound(rsk_sock *s, const char *name, size_t namelen,
+		      const char *bound, size_t bound_len,
+		      const struct rsk_addr *src, const struct rsk_addr *dst,
+		      int timeout_ms)
+{
+	struct cm_dial d = { .name = name, .namelen = namelen,
+			     .bound = bound, .bound_len = bound_len,
+			     .src = src, .dst = dst, .timeout_ms = timeout_ms };
+
+	if (!name || (bound && !bound_len))
 		return -EINVAL;
 	return eng_connect(s, &d);
 }

@@ -34,7 +34,8 @@ struct rsk_sock {
 	 * Locking: `lock` protects every field below and every call into the
 	 * provider or a listener (ls[]).  It is the only lock of a socket
 	 * (there is no lock order to keep); it is never held while sleeping:
-	 * exactly one thread (the fd_waiter) sleeps in epoll_wait on epfd,
+	 * exactly one thread (the fd_waiter) sleeps in poll on the
+	 * connection's fds (a listener: epoll_wait on epfd),
 	 * every other waiter sleeps on the futex `cseq` (eng_sleep), and
 	 * whoever makes progress wakes them (eng_wake).
 	 */
@@ -42,7 +43,7 @@ struct rsk_sock {
 	unsigned lock_gen; /* eng_fork_gen when lock was made (eng_lock) */
 	uint32_t cseq;  /* futex: bumped by eng_wake while cwaiters > 0 */
 	int cwaiters;   /* threads in eng_sleep */
-	int epfd;
+	int epfd; /* a listener's (its fds, parked clients): -1 until listen */
 	enum rsk_kind kind;
 	int users;    /* calls in flight (and a held zero-copy receive) */
 	int closed;   /* rsk_close called: new calls get -EBADF */
@@ -78,8 +79,8 @@ struct rsk_sock {
 
 	struct rsk_stats st;
 
-	/* fileno(): fa, one end of a socketpair whose other end (fb) only
-	 * this struct holds.  fa polls readable while a token byte sits in
+	/* fileno(): -1 until first asked for (eng_fd_make); then fa, one end
+	 * of a socketpair whose other end (fb) only this struct holds.  fa polls readable while a token byte sits in
 	 * it, writable while its send buffer has room (shrunk while a send
 	 * would block; RSK_WATCH_FD, see "fd readiness" in conn.c).  A
 	 * listener's fa is a second fd of epfd and fb is -1. */
@@ -104,6 +105,10 @@ void eng_set_detail(rsk_sock *s, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* After a refused connect: a live fileno() again (0 or -errno). */
 int eng_fd_renew(rsk_sock *s);
+/* fileno(), made on first use: the fd or -errno. */
+int eng_fd_make(rsk_sock *s);
+/* The epoll fd of a listener, made on first use: 0 or -errno. */
+int eng_epfd(rsk_sock *s);
 /* s (fresh) takes over the connection in *res. */
 int eng_attach(rsk_sock *s, struct cm_result *res);
 /* Was s made (or connected) before a fork, in this process's view? */

@@ -29,12 +29,19 @@
 static void eng_become_listener(rsk_sock *s)
 {
 	s->kind = K_LISTEN;
-	if (s->fb < 0)
-		return;
+	if (s->fa < 0 || s->fb < 0)
+		return; /* none yet (eng_fd_make), or made already */
 	if (dup3(s->epfd, s->fa, O_CLOEXEC) < 0)
 		return; /* fa stays a never-readable socket: accept still works */
 	close(s->fb);
 	s->fb = -1;
+}
+
+int eng_epfd(rsk_sock *s)
+{
+	if (s->epfd < 0 && (s->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+		return -errno;
+	return 0;
 }
 
 /* What s's listeners need of it (cm.h), with prepare(arg) for this call. */
@@ -67,6 +74,9 @@ static int eng_listen_on(rsk_sock *s, const struct cm_ops *cm,
 
 	if (s->kind == K_CONN)
 		return -EISCONN;
+	if ((rc = eng_epfd(s)))
+		return rc;
+	h.epfd = s->epfd;
 	for (i = 0; cm_managers[i] != cm; i++)
 		; /* its listener's place */
 	if (d)

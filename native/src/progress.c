@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -37,11 +36,11 @@ void eng_wake_due(rsk_sock *s)
 	}
 }
 
-/* The peer is gone: stop watching its liveness channel. */
+/* The peer is gone: stop watching its liveness channel (eng_wait polls it
+ * no more). */
 static void eng_set_gone(rsk_sock *s)
 {
 	s->p.flags |= F_PEER_GONE;
-	epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->live_fd, NULL);
 	eng_wake(s);
 }
 

@@ -423,15 +423,50 @@ void eng_sync_fd(rsk_sock *s)
 	}
 }
 
+/* fileno(), made on first use (s->lock held): a listener's is a dup of
+ * its epoll fd; anything else's one end of a new socketpair, showing what
+ * it must (a refused connect's pending error and hang-up; a connection's
+ * state once eng_leave syncs it).  The fd, or -errno. */
+int eng_fd_make(rsk_sock *s)
+{
+	int fab[2];
+
+	if (s->fa >= 0)
+		return s->fa;
+	if (s->kind == K_LISTEN) {
+		s->fa = fcntl(s->epfd, F_DUPFD_CLOEXEC, 0);
+		return s->fa >= 0 ? s->fa : -errno;
+	}
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
+		       fab) < 0)
+		return -errno;
+	s->fa = fab[0];
+	s->fb = fab[1];
+	s->tok = 0;
+	s->filled = 0;
+	eng_fd_init(s);
+	if (s->refused) {
+		/* as rsk_set_refused does to a pair made before */
+		close(s->fb);
+		s->fb = -1;
+	}
+	return s->fa;
+}
+
 /* After rsk_set_refused, the next connect or listen needs a live fa: a new
  * socketpair, its first end moved onto fa's number.  (Pollers that
- * registered the old fa lose it, as its file is gone.) */
+ * registered the old fa lose it, as its file is gone.)  With no fa made
+ * yet, there is nothing to renew. */
 int eng_fd_renew(rsk_sock *s)
 {
 	int fab[2];
 
 	if (!s->refused)
 		return 0;
+	if (s->fa < 0) {
+		s->refused = 0;
+		return 0;
+	}
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
 		       fab) < 0)
 		return -errno;

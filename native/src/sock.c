@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -73,32 +72,19 @@ void eng_set_detail(rsk_sock *s, const char *fmt, ...)
 int rsk_socket(rsk_sock **out)
 {
 	rsk_sock *s;
-	int fab[2];
 
 	eng_fork_init();
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
 	eng_fork_stamp(s, 1);
-	s->epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (s->epfd < 0) {
-		int rc = -errno;
-
-		free(s);
-		return rc;
-	}
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
-		       fab) < 0) {
-		int rc = -errno;
-
-		close(s->epfd);
-		free(s);
-		return rc;
-	}
-	s->fa = fab[0];
-	s->fb = fab[1];
+	/* No fd yet: a connection needs only what its connection manager
+	 * makes; the epoll fd comes with listen(), fileno()'s pair with
+	 * the first fileno() (eng_fd_make). */
+	s->epfd = -1;
+	s->fa = -1;
+	s->fb = -1;
 	s->wslot = -1;
-	eng_fd_init(s);
 	pthread_mutex_init(&s->lock, NULL);
 	s->live_fd = -1;
 	s->xfd = -1;
@@ -137,7 +123,23 @@ void eng_leave(rsk_sock *s)
 
 int rsk_fileno(rsk_sock *s)
 {
-	return s->fa;
+	int rc;
+
+	/* not eng_enter: asking for the fd is no use of a connection that
+	 * crossed a fork (it does not claim it) */
+	eng_lock(s);
+	if (s->released) {
+		rc = -EBADF;
+	} else if (s->fa >= 0) {
+		rc = s->fa;
+	} else {
+		rc = eng_fd_make(s);
+		/* made now: show the state it must (as eng_leave does) */
+		if (rc >= 0 && !s->closed && (!eng_forked(s) || eng_owned(s)))
+			eng_sync_fd(s);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc;
 }
 
 const char *rsk_detail(rsk_sock *s)
@@ -149,7 +151,6 @@ const char *rsk_detail(rsk_sock *s)
 
 int eng_attach(rsk_sock *s, struct cm_result *res)
 {
-	struct epoll_event ev = { .events = EPOLLIN };
 	struct proto_geom g = {
 		.pers = res->rs ? &proto_rsockets : &proto_rsock,
 		.area = res->area,
@@ -167,13 +168,6 @@ int eng_attach(rsk_sock *s, struct cm_result *res)
 	};
 	int rc;
 
-	ev.data.fd = res->ops->notify_fd(res->qp);
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
-		return -errno;
-	ev.events = EPOLLIN | EPOLLRDHUP;
-	ev.data.fd = res->live_fd;
-	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, res->live_fd, &ev) < 0)
-		return -errno;
 	rc = proto_init(&s->p, res->ops, res->qp, &g, &s->st, s->detail,
 			sizeof(s->detail));
 	if (rc) {
@@ -223,9 +217,11 @@ void eng_release(rsk_sock *s)
 	memset(s->ls, 0, sizeof(s->ls));
 	proto_free(&s->p);
 	s->xfd = -1; /* not ours */
-	close(s->epfd);
+	if (s->epfd >= 0)
+		close(s->epfd);
 	s->epfd = -1;
-	close(s->fa);
+	if (s->fa >= 0)
+		close(s->fa);
 	s->fa = -1;
 	if (s->fb >= 0)
 		close(s->fb);
@@ -248,7 +244,7 @@ int rsk_close(rsk_sock *s)
 	if (s->users == 0) {
 		eng_release(s);
 	} else if (s->kind == K_CONN && s->p.qp && !eng_forked(s)) {
-		s->p.ops->kick(s->p.qp); /* wake the thread in epoll_wait */
+		s->p.ops->kick(s->p.qp); /* wake the thread in poll */
 	} else if (s->kind == K_LISTEN && !eng_listen_shared(s)) {
 		/* wake accept: shutting the listeners down makes them readable
 		 * (not those other processes may accept from too; accept's wait
