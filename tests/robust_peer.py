@@ -31,8 +31,8 @@ Modes (ROLE is ``server``: listen on 127.0.0.1:0, say ``PORT n``, accept one; or
       by SIGKILL at a ``kill`` line on stdin
   hold-many PORT N [wait]
       (with ``wait``: first read a line from stdin) open N connections to PORT,
-      send each its index as 4 bytes, say ``READY``, hold them until stdin
-      closes
+      send each its index as 4 bytes, say ``READY provider fds`` (fds: how many
+      the N connections hold), hold them until stdin closes
 """
 
 from __future__ import annotations
@@ -380,13 +380,14 @@ def main(argv: list[str]) -> int:
         if len(args) > 2 and args[2] == "wait":
             sys.stdin.readline()  # the go-ahead
         socks = []
+        fds0 = fd_count()
         try:
             for i in range(n):
                 s = establish(mod, "client", port)
                 socks.append(s)
                 assert_fast_path(transport, s)
                 s.sendall(i.to_bytes(4, "big"))
-            say("READY", provider_of(transport, socks[0]))
+            say("READY", provider_of(transport, socks[0]), fd_count() - fds0)
             wait_for_release()
         finally:
             for s in socks:

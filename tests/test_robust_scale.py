@@ -20,6 +20,9 @@ from support import assert_fast_path
 
 N = 1000
 MSG = 1024
+# fds an rsock endpoint holds (sync API, no fileno()): its liveness socket,
+# its notify eventfd and the peer's (issue 17's ceiling)
+FDS_PER_ENDPOINT = 3
 DIGEST = 32
 
 
@@ -142,7 +145,8 @@ def test_thousand_connections_from_another_process(
     sockmod: ModuleType, transport: str, rpeers: RobustPeers
 ) -> None:
     """A child opens 1,000 connections to our listener and holds them: each end's
-    cost, in its own process."""
+    cost, in its own process.  Neither end holds more than FDS_PER_ENDPOINT fds
+    per connection (TCP: 1), used through the sync API (no ``fileno()``)."""
     raise_fd_limit(16384)
     gc.collect()
     fds0, maps0, mem0 = fd_count(), len(rsock_maps()), memory()
@@ -151,6 +155,7 @@ def test_thousand_connections_from_another_process(
         listener.bind(("127.0.0.1", 0))
         listener.listen(1024)
         listener.settimeout(30)
+        fds_l = fd_count()  # the listener's own (its kernel socket, rendezvous...)
         peer = rpeers.start(transport, "hold-many", listener.getsockname()[1], N)
         try:
             seen = set()
@@ -161,16 +166,20 @@ def test_thousand_connections_from_another_process(
                 seen.add(recv_index(conn))
             assert seen == set(range(N))
             assert_fast_path(transport, *conns)
-            peer.expect("READY", timeout=60)
+            _, child_held = peer.expect("READY", timeout=60)
             gc.collect()
             fds1, maps1, mem1 = fd_count(), len(rsock_maps()), memory()
+            # (a few more once per process are no cost per connection)
+            assert fds1 - fds_l <= FDS_PER_ENDPOINT * N + 8, f"accepting side: {fds1 - fds_l} fds"
+            assert int(child_held) <= FDS_PER_ENDPOINT * N + 8, f"connecting side: {child_held}"
             child_fds, child_maps = fd_count(peer.pid), len(rsock_maps(peer.pid))
             child_rss = status_kib("VmRSS", peer.pid)
             print(
                 f"\n{transport}: {N} connections from a child process\n"
-                f"  accepting side: {(fds1 - fds0) / N:.1f} fds, {(maps1 - maps0) / N:.1f} "
+                f"  accepting side: {(fds1 - fds_l) / N:.1f} fds, {(maps1 - maps0) / N:.1f} "
                 f"mappings, {(mem1['VmRSS'] - mem0['VmRSS']) / N:.1f} KiB RSS per connection\n"
-                f"  connecting child: {child_fds} fds, {child_maps} mappings in all, "
+                f"  connecting child: {int(child_held) / N:.1f} fds per connection; "
+                f"{child_fds} fds, {child_maps} mappings in all, "
                 f"RSS {child_rss / 1024:.1f} MiB"
             )
             # a sample of the connections is still writable
@@ -256,3 +265,73 @@ def test_thousand_concurrent_asyncio_connections(transport: str, loop: str) -> N
         f"{r['seconds']:.2f} s: {r['fds'] / N:.1f} fds, {r['rss'] / N:.1f} KiB RSS per connection"
     )
     assert r["seconds"] < 60
+
+
+N_MANY = 10_000
+
+
+def many_within_fd_limit() -> int:
+    """How many connections (at most N_MANY) one process can hold within its
+    hard RLIMIT_NOFILE, FDS_PER_ENDPOINT each; the soft limit raised to it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+    return min(N_MANY, (top - 256) // FDS_PER_ENDPOINT)
+
+
+@pytest.mark.timeout_s(180)
+def test_many_connections_one_process_pair(
+    sockmod: ModuleType, transport: str, rpeers: RobustPeers
+) -> None:
+    """Up to 10,000 connections held at once by one process pair (a child
+    connects, we accept), as many as the fd limit allows at FDS_PER_ENDPOINT
+    (under this machine's 20,000: 6,581), each carrying its index; time, fds
+    and RSS printed (``-s``); everything given back after close."""
+    n = many_within_fd_limit()
+    assert n >= 5000
+    gc.collect()
+    fds0, maps0, mem0 = fd_count(), len(rsock_maps()), memory()
+    conns: list[Any] = []
+    t0 = time.monotonic()
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4096)
+        listener.settimeout(30)
+        fds_l = fd_count()
+        peer = rpeers.start(transport, "hold-many", listener.getsockname()[1], n)
+        try:
+            seen = set()
+            for _ in range(n):
+                conn, _ = listener.accept()
+                conns.append(conn)
+                conn.settimeout(10)
+                seen.add(recv_index(conn))
+            assert seen == set(range(n))
+            assert_fast_path(transport, *conns[:: n // 100])
+            _, child_held = peer.expect("READY", timeout=120)
+            t_open = time.monotonic() - t0
+            gc.collect()
+            fds1, mem1 = fd_count(), memory()
+            child_rss = status_kib("VmRSS", peer.pid)
+            print(
+                f"\n{transport}: {n} connections held by one process pair (RLIMIT_NOFILE "
+                f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}), opened and each carrying "
+                f"its index in {t_open:.2f} s\n"
+                f"  accepting side: {fds1 - fds_l} fds ({(fds1 - fds_l) / n:.1f} per "
+                f"connection), RSS +{(mem1['VmRSS'] - mem0['VmRSS']) / 1024:.1f} MiB\n"
+                f"  connecting child: {child_held} fds ({int(child_held) / n:.1f} per "
+                f"connection), RSS {child_rss / 1024:.1f} MiB"
+            )
+            assert fds1 - fds_l <= FDS_PER_ENDPOINT * n + 8
+            assert int(child_held) <= FDS_PER_ENDPOINT * n + 8
+            for conn in conns[:: n // 100]:  # a sample is still writable
+                conn.sendall(b"?")
+        finally:
+            for conn in conns:
+                conn.close()
+        peer.release()
+        assert peer.wait(60) == 0
+        peer.cleanup()
+    gc.collect()
+    assert fd_count() == fds0
+    assert len(rsock_maps()) == maps0
