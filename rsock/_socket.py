@@ -366,6 +366,18 @@ class _KernelOptions:
     socket() call, but would stay open for the life of the process.)"""
 
     _BUFLEN = 256
+    # on/off options that frameworks set on every connection (aiohttp,
+    # uvicorn, tornado: TCP_NODELAY; SO_KEEPALIVE): an int value is stored
+    # as the kernel stores it, 0 or 1, with no throwaway socket
+    _FLAGS = frozenset(
+        (level, name)
+        for level, name in (
+            (_std.IPPROTO_TCP, getattr(_std, "TCP_NODELAY", -1)),
+            (_std.SOL_SOCKET, getattr(_std, "SO_KEEPALIVE", -1)),
+            (_std.SOL_SOCKET, getattr(_std, "SO_REUSEADDR", -1)),
+        )
+        if name >= 0
+    )
 
     @staticmethod
     def set(
@@ -376,6 +388,10 @@ class _KernelOptions:
         value: Any,
         optlen: int | None,
     ) -> None:
+        if optlen is None and type(value) is int and (level, name) in _KernelOptions._FLAGS:
+            if -(1 << 31) <= value < (1 << 31):  # else the stdlib's OverflowError, below
+                kopts[(level, name)] = (1 if value else 0).to_bytes(4, sys.byteorder)
+                return
         with _std.socket(family, _std.SOCK_STREAM) as k:
             if optlen is None:
                 k.setsockopt(level, name, value)

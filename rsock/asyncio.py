@@ -788,6 +788,14 @@ async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address:
         return
     except (BlockingIOError, InterruptedError):
         pass
+    # Usually done already (EINPROGRESS is what a non-blocking connect
+    # reports, as TCP's): a second connect says so (0) or gives the error,
+    # and nothing needs the fd (no fileno() pair made, no loop round).
+    err = sock.connect_ex(address)
+    if err == 0:
+        return
+    if err not in (errno.EALREADY, errno.EINPROGRESS):
+        raise OSError(err, f"Connect call failed {address}")
     fd = sock.fileno()
     done: asyncio.Future[None] = loop.create_future()
 
