@@ -704,10 +704,10 @@ int rsk_set_dialing(rsk_sock *s, int on)
 
 	if ((rc = eng_enter(s)))
 		return rc;
-	if (s->kind == K_NEW)
-		s->dialing = on != 0;
+	if (s->kind == K_NEW || !on)
+		s->dialing = on != 0; /* (off: also once the dial connected) */
 	else
-		rc = on ? -EISCONN : 0;
+		rc = -EISCONN;
 	eng_leave(s); /* syncs the fd */
 	return rc;
 }

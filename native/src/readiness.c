@@ -137,7 +137,9 @@ void eng_sync_pair(rsk_sock *s)
 			;
 		s->tok = 0;
 	}
-	eng_fd_writable(s, w);
+	/* a dial that connected in another thread shows writable only once
+	 * that thread says so (rsk_set_dialing 0: its outcome is recorded) */
+	eng_fd_writable(s, w && !s->dialing);
 }
 
 /* The watcher: its epoll and a table of watched connections.  epoll data
