@@ -140,6 +140,62 @@ def test_thousand_concurrent_connections(sockmod: ModuleType, transport: str) ->
     assert len(rsock_maps()) == maps0
 
 
+def hold_from_child(
+    sockmod: ModuleType, transport: str, rpeers: RobustPeers, n: int, sample: int
+) -> dict[str, Any]:
+    """A child opens n connections to our listener, each sending its index, and
+    holds them; we accept them all and check that neither end holds more than
+    FDS_PER_ENDPOINT fds per connection (a few more once per process are no
+    cost per connection), write to every ``sample``-th one, close them, and
+    check that everything came back.  What each end cost, for printing."""
+    gc.collect()
+    fds0, maps0, mem0 = fd_count(), len(rsock_maps()), memory()
+    conns: list[Any] = []
+    t0 = time.monotonic()
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(min(n, 4096))
+        listener.settimeout(30)
+        fds_l = fd_count()  # the listener's own (its kernel socket, rendezvous...)
+        peer = rpeers.start(transport, "hold-many", listener.getsockname()[1], n)
+        try:
+            seen = set()
+            for _ in range(n):
+                conn, _ = listener.accept()
+                conns.append(conn)
+                conn.settimeout(10)
+                seen.add(recv_index(conn))
+            assert seen == set(range(n))
+            assert_fast_path(transport, *conns[::sample])
+            _, child_held = peer.expect("READY", timeout=120)
+            cost = {"seconds": time.monotonic() - t0}
+            gc.collect()
+            fds1, maps1, mem1 = fd_count(), len(rsock_maps()), memory()
+            assert fds1 - fds_l <= FDS_PER_ENDPOINT * n + 8, f"accepting side: {fds1 - fds_l} fds"
+            assert int(child_held) <= FDS_PER_ENDPOINT * n + 8, f"connecting side: {child_held}"
+            cost.update(
+                fds=fds1 - fds_l,
+                maps=maps1 - maps0,
+                rss_kib=mem1["VmRSS"] - mem0["VmRSS"],
+                child_held=int(child_held),
+                child_fds=fd_count(peer.pid),
+                child_maps=len(rsock_maps(peer.pid)),
+                child_rss_kib=status_kib("VmRSS", peer.pid),
+            )
+            for conn in conns[::sample]:  # still writable
+                conn.sendall(b"?")
+        finally:
+            for conn in conns:
+                conn.close()
+        peer.release()
+        assert peer.wait(60) == 0
+        peer.cleanup()
+    gc.collect()
+    assert fd_count() == fds0
+    assert len(rsock_maps()) == maps0
+    return cost
+
+
 @pytest.mark.timeout_s(120)
 def test_thousand_connections_from_another_process(
     sockmod: ModuleType, transport: str, rpeers: RobustPeers
@@ -148,52 +204,15 @@ def test_thousand_connections_from_another_process(
     cost, in its own process.  Neither end holds more than FDS_PER_ENDPOINT fds
     per connection (TCP: 1), used through the sync API (no ``fileno()``)."""
     raise_fd_limit(16384)
-    gc.collect()
-    fds0, maps0, mem0 = fd_count(), len(rsock_maps()), memory()
-    conns: list[Any] = []
-    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1024)
-        listener.settimeout(30)
-        fds_l = fd_count()  # the listener's own (its kernel socket, rendezvous...)
-        peer = rpeers.start(transport, "hold-many", listener.getsockname()[1], N)
-        try:
-            seen = set()
-            for _ in range(N):
-                conn, _ = listener.accept()
-                conns.append(conn)
-                conn.settimeout(10)
-                seen.add(recv_index(conn))
-            assert seen == set(range(N))
-            assert_fast_path(transport, *conns)
-            _, child_held = peer.expect("READY", timeout=60)
-            gc.collect()
-            fds1, maps1, mem1 = fd_count(), len(rsock_maps()), memory()
-            # (a few more once per process are no cost per connection)
-            assert fds1 - fds_l <= FDS_PER_ENDPOINT * N + 8, f"accepting side: {fds1 - fds_l} fds"
-            assert int(child_held) <= FDS_PER_ENDPOINT * N + 8, f"connecting side: {child_held}"
-            child_fds, child_maps = fd_count(peer.pid), len(rsock_maps(peer.pid))
-            child_rss = status_kib("VmRSS", peer.pid)
-            print(
-                f"\n{transport}: {N} connections from a child process\n"
-                f"  accepting side: {(fds1 - fds_l) / N:.1f} fds, {(maps1 - maps0) / N:.1f} "
-                f"mappings, {(mem1['VmRSS'] - mem0['VmRSS']) / N:.1f} KiB RSS per connection\n"
-                f"  connecting child: {int(child_held) / N:.1f} fds per connection; "
-                f"{child_fds} fds, {child_maps} mappings in all, "
-                f"RSS {child_rss / 1024:.1f} MiB"
-            )
-            # a sample of the connections is still writable
-            for conn in conns[:: N // 50]:
-                conn.sendall(b"?")
-        finally:
-            for conn in conns:
-                conn.close()
-        peer.release()
-        assert peer.wait(30) == 0
-        peer.cleanup()
-    gc.collect()
-    assert fd_count() == fds0
-    assert len(rsock_maps()) == maps0
+    c = hold_from_child(sockmod, transport, rpeers, N, N // 50)
+    print(
+        f"\n{transport}: {N} connections from a child process\n"
+        f"  accepting side: {c['fds'] / N:.1f} fds, {c['maps'] / N:.1f} "
+        f"mappings, {c['rss_kib'] / N:.1f} KiB RSS per connection\n"
+        f"  connecting child: {c['child_held'] / N:.1f} fds per connection; "
+        f"{c['child_fds']} fds, {c['child_maps']} mappings in all, "
+        f"RSS {c['child_rss_kib'] / 1024:.1f} MiB"
+    )
 
 
 @pytest.mark.timeout_s(120)
@@ -290,49 +309,13 @@ def test_many_connections_one_process_pair(
     n = many_within_fd_limit()
     if n < 5000:
         pytest.skip(f"RLIMIT_NOFILE hard limit {resource.getrlimit(resource.RLIMIT_NOFILE)[1]}")
-    gc.collect()
-    fds0, maps0, mem0 = fd_count(), len(rsock_maps()), memory()
-    conns: list[Any] = []
-    t0 = time.monotonic()
-    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(4096)
-        listener.settimeout(30)
-        fds_l = fd_count()
-        peer = rpeers.start(transport, "hold-many", listener.getsockname()[1], n)
-        try:
-            seen = set()
-            for _ in range(n):
-                conn, _ = listener.accept()
-                conns.append(conn)
-                conn.settimeout(10)
-                seen.add(recv_index(conn))
-            assert seen == set(range(n))
-            assert_fast_path(transport, *conns[:: n // 100])
-            _, child_held = peer.expect("READY", timeout=120)
-            t_open = time.monotonic() - t0
-            gc.collect()
-            fds1, mem1 = fd_count(), memory()
-            child_rss = status_kib("VmRSS", peer.pid)
-            print(
-                f"\n{transport}: {n} connections held by one process pair (RLIMIT_NOFILE "
-                f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}), opened and each carrying "
-                f"its index in {t_open:.2f} s\n"
-                f"  accepting side: {fds1 - fds_l} fds ({(fds1 - fds_l) / n:.1f} per "
-                f"connection), RSS +{(mem1['VmRSS'] - mem0['VmRSS']) / 1024:.1f} MiB\n"
-                f"  connecting child: {child_held} fds ({int(child_held) / n:.1f} per "
-                f"connection), RSS {child_rss / 1024:.1f} MiB"
-            )
-            assert fds1 - fds_l <= FDS_PER_ENDPOINT * n + 8
-            assert int(child_held) <= FDS_PER_ENDPOINT * n + 8
-            for conn in conns[:: n // 100]:  # a sample is still writable
-                conn.sendall(b"?")
-        finally:
-            for conn in conns:
-                conn.close()
-        peer.release()
-        assert peer.wait(60) == 0
-        peer.cleanup()
-    gc.collect()
-    assert fd_count() == fds0
-    assert len(rsock_maps()) == maps0
+    c = hold_from_child(sockmod, transport, rpeers, n, n // 100)
+    print(
+        f"\n{transport}: {n} connections held by one process pair (RLIMIT_NOFILE "
+        f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}), opened and each carrying "
+        f"its index in {c['seconds']:.2f} s\n"
+        f"  accepting side: {c['fds']} fds ({c['fds'] / n:.1f} per connection), "
+        f"RSS +{c['rss_kib'] / 1024:.1f} MiB\n"
+        f"  connecting child: {c['child_held']} fds ({c['child_held'] / n:.1f} per "
+        f"connection), RSS {c['child_rss_kib'] / 1024:.1f} MiB"
+    )
