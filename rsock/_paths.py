@@ -15,6 +15,7 @@ but the kernel's answers about addresses.  ``rsock._socket`` acts on them.
 from __future__ import annotations
 
 import errno as _errno
+import functools
 import ipaddress
 import os
 import random
@@ -53,7 +54,11 @@ def _env_int(name: str, default: int) -> int:
 
 
 _CONFIG_VARS = (
-    "RSOCK_PROVIDER", "RSOCK_RING_SIZE", "RSOCK_QDEPTH", "RSOCK_INLINE", "RSOCK_SPIN_US",
+    "RSOCK_PROVIDER",
+    "RSOCK_RING_SIZE",
+    "RSOCK_QDEPTH",
+    "RSOCK_INLINE",
+    "RSOCK_SPIN_US",
 )
 _config_cache: dict[tuple[str | None, ...], tuple[str, _ll.Opts]] = {}
 
@@ -137,19 +142,16 @@ def _port_range() -> tuple[int, int]:
 
 PORT_RANGE = _port_range()
 
-_syn_retries: list[int] = []
 
-
+@functools.cache
 def syn_retries() -> int:
     """net.ipv4.tcp_syn_retries (what TCP_SYNCNT reads on a socket that did
     not set it), read once."""
-    if not _syn_retries:
-        try:
-            with open("/proc/sys/net/ipv4/tcp_syn_retries") as f:
-                _syn_retries.append(int(f.read()))
-        except (OSError, ValueError):
-            _syn_retries.append(6)
-    return _syn_retries[0]
+    try:
+        with open("/proc/sys/net/ipv4/tcp_syn_retries") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 6
 
 
 # ports for port_name: a private generator (a program's random.seed() does

@@ -356,72 +356,63 @@ def make_file(
     return text
 
 
-class _KernelOptions:
-    """Kernel socket options of rsock sockets that have no kernel socket (an
-    unbound client, an accepted connection): each is set on a throwaway
-    kernel socket of the family (so that it is checked as the kernel checks
-    it: same exceptions), read back as the kernel stores it, and recorded
-    on the rsock socket.  An option never set reads a throwaway socket's,
-    which is the kernel's default.  (A shared scratch socket would save the
-    socket() call, but would stay open for the life of the process.)"""
-
-    _BUFLEN = 256
-    # on/off options that frameworks set on every connection (aiohttp,
-    # uvicorn, tornado: TCP_NODELAY; SO_KEEPALIVE): an int value is stored
-    # as the kernel stores it, 0 or 1, with no throwaway socket
-    _FLAGS = frozenset(
-        (level, name)
-        for level, name in (
-            (_std.IPPROTO_TCP, getattr(_std, "TCP_NODELAY", -1)),
-            (_std.SOL_SOCKET, getattr(_std, "SO_KEEPALIVE", -1)),
-            (_std.SOL_SOCKET, getattr(_std, "SO_REUSEADDR", -1)),
-        )
-        if name >= 0
+# Kernel socket options of rsock sockets that have no kernel socket (an
+# unbound client, an accepted connection): each is set on a throwaway
+# kernel socket of the family (so that it is checked as the kernel checks
+# it: same exceptions), read back as the kernel stores it, and recorded on
+# the rsock socket (_Core.kopts).  An option never set reads a throwaway
+# socket's, which is the kernel's default.  (A shared scratch socket would
+# save the socket() call, but would stay open for the life of the process.)
+_KOPT_BUFLEN = 256
+# on/off options that frameworks set on every connection (aiohttp, uvicorn,
+# tornado: TCP_NODELAY; SO_KEEPALIVE): an int value is stored as the kernel
+# stores it, 0 or 1, with no throwaway socket
+_KOPT_FLAGS = frozenset(
+    (level, name)
+    for level, name in (
+        (_std.IPPROTO_TCP, getattr(_std, "TCP_NODELAY", -1)),
+        (_std.SOL_SOCKET, getattr(_std, "SO_KEEPALIVE", -1)),
+        (_std.SOL_SOCKET, getattr(_std, "SO_REUSEADDR", -1)),
     )
+    if name >= 0
+)
 
-    @staticmethod
-    def set(
-        family: int,
-        kopts: dict[tuple[int, int], bytes],
-        level: int,
-        name: int,
-        value: Any,
-        optlen: int | None,
-    ) -> None:
-        if optlen is None and type(value) is int and (level, name) in _KernelOptions._FLAGS:
-            if -(1 << 31) <= value < (1 << 31):  # else the stdlib's OverflowError, below
-                kopts[(level, name)] = (1 if value else 0).to_bytes(4, sys.byteorder)
-                return
+
+def _kopt_set(
+    family: int,
+    kopts: dict[tuple[int, int], bytes],
+    level: int,
+    name: int,
+    value: Any,
+    optlen: int | None,
+) -> None:
+    if optlen is None and type(value) is int and (level, name) in _KOPT_FLAGS:
+        if -(1 << 31) <= value < (1 << 31):  # else the stdlib's OverflowError, below
+            kopts[(level, name)] = (1 if value else 0).to_bytes(4, sys.byteorder)
+            return
+    with _std.socket(family, _std.SOCK_STREAM) as k:
+        if optlen is None:
+            k.setsockopt(level, name, value)
+        else:
+            k.setsockopt(level, name, value, optlen)
+        try:
+            kopts[(level, name)] = k.getsockopt(level, name, _KOPT_BUFLEN)
+        except OSError:
+            pass  # write-only: nothing to read back
+
+
+def _kopt_get(
+    family: int, kopts: dict[tuple[int, int], bytes], level: int, name: int, buflen: int | None
+) -> Any:
+    raw = kopts.get((level, name))
+    if raw is None or (buflen is not None and not 0 < buflen <= 1024):
         with _std.socket(family, _std.SOCK_STREAM) as k:
-            if optlen is None:
-                k.setsockopt(level, name, value)
-            else:
-                k.setsockopt(level, name, value, optlen)
-            try:
-                kopts[(level, name)] = k.getsockopt(level, name, _KernelOptions._BUFLEN)
-            except OSError:
-                pass  # write-only: nothing to read back
-
-    @staticmethod
-    def get(
-        family: int,
-        kopts: dict[tuple[int, int], bytes],
-        level: int,
-        name: int,
-        buflen: int | None,
-    ) -> Any:
-        raw = kopts.get((level, name))
-        if raw is None or (buflen is not None and not 0 < buflen <= 1024):
-            with _std.socket(family, _std.SOCK_STREAM) as k:
-                if buflen is None:
-                    return k.getsockopt(level, name)
-                return k.getsockopt(level, name, buflen)
-        if buflen is None:
-            return int.from_bytes(raw[:4].ljust(4, b"\0"), sys.byteorder, signed=True)
-        return raw[:buflen]
-
-
-_KERNEL_OPTIONS = _KernelOptions()
+            if buflen is None:
+                return k.getsockopt(level, name)
+            return k.getsockopt(level, name, buflen)
+    if buflen is None:
+        return int.from_bytes(raw[:4].ljust(4, b"\0"), sys.byteorder, signed=True)
+    return raw[:buflen]
 
 
 class _Core:
@@ -460,7 +451,7 @@ class _Core:
         # client that connects unbound or an accepted connection
         self.tcp = tcp
         # kernel options set while there is no kernel socket, as the kernel
-        # reads them back (_KernelOptions); given to it when it is made
+        # reads them back (_kopt_set); given to it when it is made
         self.kopts: dict[tuple[int, int], bytes] = {}
         self.connected = False
         self.listening = False
@@ -1001,7 +992,7 @@ class socket:
         self._handle()
         tcp = self._core.tcp
         if tcp is None:
-            _KERNEL_OPTIONS.set(self._family, self._core.kopts, level, optname, value, optlen)
+            _kopt_set(self._family, self._core.kopts, level, optname, value, optlen)
         elif optlen is None:
             tcp.setsockopt(level, optname, value)
         else:
@@ -1052,7 +1043,7 @@ class socket:
         """A kernel option's value, as the kernel socket reads it back."""
         tcp = self._core.tcp
         if tcp is None:
-            return _KERNEL_OPTIONS.get(self._family, self._core.kopts, level, optname, buflen)
+            return _kopt_get(self._family, self._core.kopts, level, optname, buflen)
         if buflen is None:
             return tcp.getsockopt(level, optname)
         return tcp.getsockopt(level, optname, buflen)
@@ -1263,9 +1254,7 @@ class socket:
                 break
         return rc
 
-    def _dial_verbs(
-        self, h: _ll.Handle, core: _Core, dst: tuple[Any, ...], timeout_ms: int
-    ) -> int:
+    def _dial_verbs(self, h: _ll.Handle, core: _Core, dst: tuple[Any, ...], timeout_ms: int) -> int:
         """Connects over rdma_cm.  Address and route resolution cannot be
         left half-done like a TCP SYN, so a non-blocking connect waits for
         them too (bounded: 10 s)."""

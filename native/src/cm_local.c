@@ -75,21 +75,27 @@ static int cm_peer_uid_ok(int fd)
 	return cr.uid == geteuid();
 }
 
-/* A rendezvous socket bound to name (not listening yet): its fd. */
-static int cm_bind_fd(const char *name, size_t namelen)
+/* fd bound to the abstract name: 0 or -errno. */
+static int cm_bind_name(int fd, const char *name, size_t namelen)
 {
 	struct sockaddr_un sa;
 	socklen_t len;
+	int rc = cm_addr(name, namelen, &sa, &len);
+
+	if (!rc && bind(fd, (struct sockaddr *)&sa, len) < 0)
+		rc = -errno;
+	return rc;
+}
+
+/* A rendezvous socket bound to name (not listening yet): its fd. */
+static int cm_bind_fd(const char *name, size_t namelen)
+{
 	int fd, rc;
 
-	rc = cm_addr(name, namelen, &sa, &len);
-	if (rc)
-		return rc;
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, len) < 0) {
-		rc = -errno;
+	if ((rc = cm_bind_name(fd, name, namelen))) {
 		close(fd);
 		return rc;
 	}
@@ -477,18 +483,10 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	if (d->bound) {
-		/* the name that holds our port (PROTOCOL.md, section 6) */
-		struct sockaddr_un ba;
-		socklen_t blen;
-
-		rc = cm_addr(d->bound, d->bound_len, &ba, &blen);
-		if (!rc && bind(fd, (struct sockaddr *)&ba, blen) < 0)
-			rc = -errno;
-		if (rc) {
-			close(fd);
-			return rc;
-		}
+	/* the name that holds our port (PROTOCOL.md, section 6) */
+	if (d->bound && (rc = cm_bind_name(fd, d->bound, d->bound_len))) {
+		close(fd);
+		return rc;
 	}
 	/* Both halves are made before connecting, so that the REQ follows the
 	 * connect at once: a listener that wakes for the connection finds it

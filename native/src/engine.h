@@ -80,8 +80,8 @@ struct rsk_sock {
 	struct rsk_stats st;
 
 	/* fileno(): -1 until first asked for (eng_fd_make); then fa, one end
-	 * of a socketpair whose other end (fb) only this struct holds.  fa polls readable while a token byte sits in
-	 * it, writable while its send buffer has room (shrunk while a send
+	 * of a socketpair whose other end (fb) only this struct holds.  fa
+	 * polls readable while a token byte sits in it, writable while its send buffer has room (shrunk while a send
 	 * would block; RSK_WATCH_FD, see "fd readiness" in conn.c).  A
 	 * listener's fa is a second fd of epfd and fb is -1. */
 	int fa, fb;

@@ -425,13 +425,30 @@ void eng_sync_fd(rsk_sock *s)
 	}
 }
 
+/* A new socketpair for fileno(): its second end becomes fb, set up as
+ * eng_fd_init does; its first end (to become fa), or -errno. */
+static int eng_fd_pair(rsk_sock *s)
+{
+	int fab[2];
+
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
+		       fab) < 0)
+		return -errno;
+	s->fb = fab[1];
+	s->tok = 0;
+	s->filled = 0;
+	s->fa = fab[0]; /* (eng_fd_init sets fa's buffer) */
+	eng_fd_init(s);
+	return fab[0];
+}
+
 /* fileno(), made on first use (s->lock held): a listener's is a dup of
  * its epoll fd; anything else's one end of a new socketpair, showing what
  * it must (a refused connect's pending error and hang-up; a connection's
  * state once eng_leave syncs it).  The fd, or -errno. */
 int eng_fd_make(rsk_sock *s)
 {
-	int fab[2];
+	int rc;
 
 	if (s->fa >= 0)
 		return s->fa;
@@ -439,14 +456,8 @@ int eng_fd_make(rsk_sock *s)
 		s->fa = fcntl(s->epfd, F_DUPFD_CLOEXEC, 0);
 		return s->fa >= 0 ? s->fa : -errno;
 	}
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
-		       fab) < 0)
-		return -errno;
-	s->fa = fab[0];
-	s->fb = fab[1];
-	s->tok = 0;
-	s->filled = 0;
-	eng_fd_init(s);
+	if ((rc = eng_fd_pair(s)) < 0)
+		return rc;
 	if (s->refused) {
 		/* as rsk_set_refused does to a pair made before */
 		close(s->fb);
@@ -461,29 +472,26 @@ int eng_fd_make(rsk_sock *s)
  * yet, there is nothing to renew. */
 int eng_fd_renew(rsk_sock *s)
 {
-	int fab[2];
+	int fa = s->fa, a;
 
 	if (!s->refused)
 		return 0;
-	if (s->fa < 0) {
-		s->refused = 0;
+	s->refused = 0;
+	if (fa < 0)
 		return 0;
-	}
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0,
-		       fab) < 0)
-		return -errno;
-	if (dup3(fab[0], s->fa, O_CLOEXEC) < 0) {
-		int rc = -errno;
+	if ((a = eng_fd_pair(s)) < 0 || dup3(a, fa, O_CLOEXEC) < 0) {
+		int rc = a < 0 ? a : -errno;
 
-		close(fab[0]);
-		close(fab[1]);
+		if (a >= 0) {
+			close(a);
+			close(s->fb);
+		}
+		s->fa = fa;
+		s->fb = -1;
+		s->refused = 1;
 		return rc;
 	}
-	close(fab[0]);
-	s->fb = fab[1];
-	s->tok = 0;
-	s->filled = 0;
-	s->refused = 0;
-	eng_fd_init(s);
+	close(a);
+	s->fa = fa;
 	return 0;
 }
