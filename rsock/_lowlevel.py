@@ -250,6 +250,12 @@ VF_LOOPBACK4 = int(lib.RSK_VF_LOOPBACK4)
 VF_LOOPBACK6 = int(lib.RSK_VF_LOOPBACK6)
 
 
+def trim() -> int:
+    """Drops the shared-memory arenas no connection of this process uses
+    (rsk_trim): how many went."""
+    return int(lib.rsk_trim())
+
+
 def verbs_probe() -> tuple[int, str]:
     """(number of RDMA devices, or -errno; one sentence saying so)."""
     buf = ffi.new("char[]", 200)

@@ -60,7 +60,8 @@ _CONFIG_VARS = (
     "RSOCK_INLINE",
     "RSOCK_SPIN_US",
 )
-_config_cache: dict[tuple[str | None, ...], tuple[str, _ll.Opts]] = {}
+_CONFIG_KEYS = tuple(os.environ.encodekey(name) for name in _CONFIG_VARS)
+_config_cache: dict[tuple[Any, ...], tuple[str, _ll.Opts]] = {}
 
 
 def provider_config() -> tuple[str, _ll.Opts]:
@@ -68,8 +69,14 @@ def provider_config() -> tuple[str, _ll.Opts]:
     (``RSOCK_PROVIDER``, ``RSOCK_RING_SIZE``, ``RSOCK_QDEPTH``,
     ``RSOCK_INLINE``, ``RSOCK_SPIN_US``) at every call; parsed once per set
     of values."""
-    environ = os.environ
-    key = tuple(environ.get(name) for name in _CONFIG_VARS)
+    data = getattr(os.environ, "_data", None)
+    if type(data) is dict:
+        # the dict behind os.environ (its keys encoded), read without
+        # os.environ.get's encode and decode per name: ten times cheaper,
+        # and this runs for every socket
+        key = tuple(map(data.get, _CONFIG_KEYS))
+    else:
+        key = tuple(map(os.environ.get, _CONFIG_VARS))
     hit = _config_cache.get(key)
     if hit is None:
         if len(_config_cache) >= 64:

@@ -465,7 +465,7 @@ class _Core:
         self.nb_done: threading.Event | None = None  # set when _NB_PENDING ends
         # ring sizes asked for with SO_RCVBUF / SO_SNDBUF (0: not set)
         self.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
-        self.ring_set = False  # ring size chosen (RSOCK_RING_SIZE, SO_RCVBUF/SNDBUF)
+        self.ring_set = False  # ring size chosen by SO_RCVBUF/SNDBUF
         # rendezvous fds bound ahead of listen() (a bound socket handed to
         # another process: _reduce_for_child), by name; listen() adopts them
         self.rv: dict[bytes, int] = {}
@@ -537,7 +537,6 @@ class socket:
             self._timeout = 0.0
         h = _ll.new()
         self._core = _Core(h, None)  # no kernel socket until one is needed
-        self._core.ring_set = bool(os.environ.get("RSOCK_RING_SIZE"))
         self._h = h
         rc = _ll.set_opts(h, opts)
         if rc < 0:
@@ -1259,7 +1258,8 @@ class socket:
         left half-done like a TCP SYN, so a non-blocking connect waits for
         them too (bounded: 10 s)."""
         vfam, vdst, flags = _paths.verbs_dst(self._family, dst)
-        if not core.ring_set:  # registered memory is pinned: the smaller default
+        if not (core.ring_set or os.environ.get("RSOCK_RING_SIZE")):
+            # registered memory is pinned: the smaller default
             o = _ll.get_opts(h)
             if o.ring_size != VERBS_RING_SIZE:
                 rc = _ll.set_opts(h, dataclasses.replace(o, ring_size=VERBS_RING_SIZE))

@@ -59,11 +59,22 @@ MEMFD_TAG = "/memfd:rsock"
 # --------------------------------------------------------------------------- accounting
 
 
+def trim(pid: int | str = "self") -> None:
+    """In this process, drops the shared-memory arenas that no connection uses
+    (rsk_trim): the engine keeps them a while for the next connections, a
+    cache that fd and mapping counts leave out.  An arena a connection uses
+    stays, and is counted."""
+    if pid == "self" and "rsock._lowlevel" in sys.modules:
+        sys.modules["rsock._lowlevel"].trim()
+
+
 def fd_count(pid: int | str = "self") -> int:
+    trim(pid)
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def fd_links(pid: int | str = "self") -> dict[int, str]:
+    trim(pid)
     out = {}
     for name in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -75,6 +86,7 @@ def fd_links(pid: int | str = "self") -> dict[int, str]:
 
 def rsock_maps(pid: int | str = "self") -> list[str]:
     """The mappings of rsock's shared-memory segments (memfds named ``rsock``)."""
+    trim(pid)
     with open(f"/proc/{pid}/maps") as f:
         return [line.rstrip("\n") for line in f if MEMFD_TAG in line]
 

@@ -34,7 +34,9 @@ import rsock
 
 # what native/src/cm_local.c and prov_shm.c use on the wire
 CM_MAGIC = 0x434B5352
-CM_REQ, CM_REJ = 1, 3
+CM_REQ, CM_REJ, CM_REQ_SLOT = 1, 3, 4
+ARENA_MAGIC = 0x414E4552414B5352
+ARENA_HDR = 65536
 PROTO_VERSION = 1
 SHM_MAGIC = 0x4B53525348534D31
 SERVE_LIMIT_S = 0.5
@@ -340,6 +342,81 @@ HANDSHAKES: dict[str, Callable[[], tuple[bytes, list[int]]]] = {
 }
 
 
+# --- REQ_SLOT: a slot of an arena (PROTOCOL.md, section 6)
+
+
+def arena_half(ring: int, q: int) -> int:
+    return (seg_size(ring, q) + 4095) & ~4095
+
+
+def slot_req(slot: int = 0, gen: int = 0, ring: int = 65536, q: int = 16) -> bytes:
+    msg = struct.pack("<IBBHIIII", CM_MAGIC, PROTO_VERSION, CM_REQ_SLOT, 0, ring, q, slot, gen)
+    return msg + addr(1) + addr(2)
+
+
+def fake_arena(
+    ring: int = 65536,
+    q: int = 16,
+    words: dict[int, int] | None = None,
+    seals: int | None = None,
+    size: int | None = None,
+    half: int | None = None,
+    magic: bool = True,
+    halves: bool = True,
+) -> int:
+    """An arena as a client makes one, with one chunk (64 slots) and slot 0
+    claimed (generation 0, bit C), or with the one defect asked for."""
+    import fcntl
+
+    h = arena_half(ring, q)
+    fd = os.memfd_create("hostile", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
+    os.ftruncate(fd, ARENA_HDR + 64 * 2 * h if size is None else size)
+    half = h if half is None else half
+    hdr = struct.pack("<QIIIIQ", ARENA_MAGIC if magic else 0, ring, q, 64, 0, half)
+    os.pwrite(fd, hdr, 0)
+    for i, w in ({0: 1} if words is None else words).items():
+        os.pwrite(fd, struct.pack("<I", w), 64 + 4 * i)
+    if halves:
+        os.pwrite(fd, struct.pack("<QII", SHM_MAGIC, ring, q), ARENA_HDR)
+        os.pwrite(fd, struct.pack("<QII", SHM_MAGIC, ring, q), ARENA_HDR + h)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK if seals is None else seals)
+    return fd
+
+
+def slot_fds(**kw: Any) -> list[int]:
+    return [fake_arena(**kw), os.eventfd(0), os.eventfd(0)]
+
+
+ARENA_GOOD = ARENA_HDR + 64 * 2 * arena_half(65536, 16)
+
+HANDSHAKES.update(
+    {
+        "slot-beyond-the-file": lambda: (slot_req(slot=64), slot_fds(words={64: 1})),
+        "slot-huge-index": lambda: (slot_req(slot=1 << 31), slot_fds()),
+        "slot-of-another-generation": lambda: (slot_req(gen=8), slot_fds()),
+        "slot-not-claimed": lambda: (slot_req(), slot_fds(words={0: 0})),
+        "slot-held-by-a-server": lambda: (slot_req(), slot_fds(words={0: 3})),
+        "slot-gen-with-state-bits": lambda: (slot_req(gen=1), slot_fds()),
+        "slot-unsealed-arena": lambda: (slot_req(), slot_fds(seals=0)),
+        "slot-arena-chunk-cut-short": lambda: (slot_req(), slot_fds(size=ARENA_GOOD - 4096)),
+        "slot-arena-header-only": lambda: (slot_req(), slot_fds(size=ARENA_HDR)),
+        "slot-arena-wrong-half": lambda: (slot_req(), slot_fds(half=12345)),
+        "slot-arena-shrinkable": lambda: (slot_req(), slot_fds(seals=sealed() & ~0x2)),
+        "slot-arena-without-magic": lambda: (slot_req(), slot_fds(magic=False)),
+        "slot-arena-ring-not-pow2": lambda: (slot_req(ring=65537), slot_fds(ring=65537)),
+        "slot-halves-without-magic": lambda: (slot_req(), slot_fds(halves=False)),
+        "slot-geometry-not-the-arenas": lambda: (slot_req(ring=131072), slot_fds()),
+        "slot-pipes-for-eventfds": lambda: (slot_req(), [fake_arena(), *pipe_fds(2)]),
+        "slot-segment-for-arena": lambda: (
+            slot_req(),
+            [fake_memfd(GOOD_SIZE, sealed(), True), os.eventfd(0), os.eventfd(0)],
+        ),
+        "slot-with-4-fds": lambda: (slot_req(), [*slot_fds(), os.eventfd(0)]),
+        "slot-with-2-fds": lambda: (slot_req(), [fake_arena(), os.eventfd(0)]),
+    }
+)
+
+
 def send_handshake(sock: socket.socket, msg: bytes, fds: list[int]) -> None:
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
     sock.sendmsg([msg], anc)
@@ -364,7 +441,12 @@ def test_rendezvous_garbage_is_dropped(name: str) -> None:
             if answer:
                 magic, _version, kind, reason = struct.unpack_from("<IBBH", answer)
                 assert (len(answer), magic, kind) == (80, CM_MAGIC, CM_REJ), answer
-                assert reason in (errno.EPROTO, errno.EPROTONOSUPPORT, errno.EINVAL), reason
+                assert reason in (
+                    errno.EPROTO,
+                    errno.EPROTONOSUPPORT,
+                    errno.EINVAL,
+                    errno.ECONNRESET,  # REQ_SLOT: not the slot's generation
+                ), reason
                 assert u.recv(256) == b""  # then it hangs up
         srv.setblocking(False)
         with pytest.raises(BlockingIOError):
@@ -394,6 +476,59 @@ def test_forged_valid_handshake_is_accepted() -> None:
             with pytest.raises(ConnectionResetError):
                 conn.recv(10)
         assert_serves_rsock_client(srv)
+    assert_no_leaks(before)
+
+
+def forge_slot_connection(port: int, arena: int, slot: int, gen: int) -> socket.socket:
+    """A hand-made REQ_SLOT client on slot ``slot`` of ``arena`` (fd kept)."""
+    u = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    u.connect(rendezvous(port))
+    evs = [os.eventfd(0), os.eventfd(0)]
+    send_handshake(u, slot_req(slot=slot, gen=gen), [arena, *evs])
+    for fd in evs:
+        os.close(fd)
+    return u
+
+
+def test_forged_valid_slot_handshake_and_a_rewritten_arena_header() -> None:
+    """A hand-made REQ_SLOT on a well-formed arena is accepted (the control for the
+    slot cases above); then the forger rewrites the arena's header to claim another
+    ring size and asks for a slot of that size, and for a slot past the end of the
+    file: the server goes by the header it read when it first mapped the arena and
+    by the file's size, and refuses both.  When the forger goes away the server's
+    end clears its bit.  Nothing leaks."""
+    before = Snapshot()
+    with rsock_listener() as srv:
+        port = srv.getsockname()[1]
+        arena = fake_arena(words={0: 1, 1: 1, 100: 1})
+        try:
+            u = forge_slot_connection(port, arena, 0, 0)
+            srv.settimeout(5)
+            conn, _ = srv.accept()
+            with conn, u:
+                assert conn.provider == "shm"
+                assert conn.rsock_opts()["ring_size"] == 65536
+                # the slot is the server's too now: bits C and S
+                assert struct.unpack("<I", os.pread(arena, 4, 64))[0] == 3
+                os.pwrite(arena, struct.pack("<I", 131072), 8)  # ring_size
+                for slot, ring in ((1, 131072), (100, 65536)):
+                    u2 = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                    with u2:
+                        u2.connect(rendezvous(port))
+                        evs = [os.eventfd(0), os.eventfd(0)]
+                        send_handshake(u2, slot_req(slot=slot, ring=ring), [arena, *evs])
+                        for fd in evs:
+                            os.close(fd)
+                        # accept() refuses it, and serves the next client
+                        assert_serves_rsock_client(srv)
+                        u2.settimeout(5)
+                        answer = u2.recv(256)
+                        assert struct.unpack_from("<IBBH", answer)[2:] == (CM_REJ, errno.EPROTO)
+                        assert u2.recv(256) == b""
+            # the forger went away and the server closed: its bit is clear
+            assert struct.unpack("<I", os.pread(arena, 4, 64))[0] == 1
+        finally:
+            os.close(arena)
     assert_no_leaks(before)
 
 

@@ -58,8 +58,10 @@ def test_no_shared_memory_in_dev_shm(peers: Peers) -> None:
         for c, s in pairs:
             c.sendall(b"x" * 100000)
             assert len(s.recv(100000)) > 0
-        # while they are open: every rsock segment is a memfd, here and in the peers
-        assert len(rsock_maps()) >= 4 * len(pairs) + 2 * len(held)
+        # while they are open: every rsock segment is a memfd, here and in the
+        # peers (the pairs' halves are slots of arenas: each end maps an arena's
+        # header and a chunk of 64 slots)
+        assert len(rsock_maps()) >= 4
         assert_no_dev_shm_mappings()
         for _, peer in held:
             assert len(rsock_maps(peer.pid)) == 2
@@ -87,18 +89,21 @@ def map_file(pid: int, line: str) -> str:
 
 
 def test_segments_are_private_sealed_memfds(rpeers: RobustPeers) -> None:
-    """A child holds a live connection; from outside, each of its rsock segments is
-    a 0600 regular file owned by our uid, sealed, and no memfd is left as an fd."""
+    """A child holds a live connection; from outside, each of its rsock mappings (the
+    header and the first chunk of the arena this process made for the pair) is a
+    0600 regular file owned by our uid, sealed against shrinking, and the child
+    keeps no memfd as an fd; this process keeps one, the arena's, to hand to the
+    child with the pair's next connections."""
     peer = rpeers.start("rsock", "send-hold", "server", 0, 10, 1)
     port = int(peer.expect("PORT")[0])
     with rsock.create_connection(("127.0.0.1", port), timeout=10) as sock:
         peer.expect("READY")
         peer.expect("SENT")
         maps = rsock_maps(peer.pid)
-        assert len(maps) == 2, maps  # its own half and ours
+        assert len(maps) == 2, maps  # the arena's header and its first chunk
         assert_no_dev_shm_mappings(peer.pid)
         for line in maps:
-            assert " rw-s " in line and line.endswith("/memfd:rsock (deleted)"), line
+            assert " rw-s " in line and line.endswith("/memfd:rsock-arena (deleted)"), line
             try:
                 st = os.stat(map_file(peer.pid, line))
             except PermissionError:
@@ -113,14 +118,19 @@ def test_segments_are_private_sealed_memfds(rpeers: RobustPeers) -> None:
                 seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
             finally:
                 os.close(fd)
-            need = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+            # it grows a chunk at a time, so no F_SEAL_GROW; it never shrinks
+            need = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
             assert seals & need == need, hex(seals)
-        # the memfds were closed once mapped: only sockets, eventfds, epoll, pipes
+        # the child closed the memfd once mapped: only sockets, eventfds, epoll, pipes
         for fd, link in fd_links(peer.pid).items():
             assert "memfd" not in link, (fd, link)
-        # the same holds in this process
-        for fd, link in fd_links().items():
-            assert "memfd:rsock" not in link, (fd, link)
+        # this process keeps its arena's, 0600 and sealed the same way
+        mine = [fd for fd, link in fd_links().items() if "memfd:rsock" in link]
+        assert len(mine) == 1, fd_links()
+        st = os.fstat(mine[0])
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+        seals = fcntl.fcntl(mine[0], fcntl.F_GET_SEALS)
+        assert seals & need == need, hex(seals)
         sock.settimeout(10)
         assert len(sock.recv(10)) > 0  # the connection is live: the peer's data
 

@@ -110,12 +110,69 @@ static int make_memfd(struct input *in, uint32_t ring, uint32_t q)
 	return fd;
 }
 
+/* An arena the way a client makes one (REQ_SLOT), or subtly not: its
+ * header, size, seals, the named slot's state word and its halves'
+ * headers all fuzzed. */
+static int make_arena(struct input *in, const struct req *r)
+{
+	uint8_t m = in_u8(in), m2 = in_u8(in);
+	struct arena_hdr h = { .magic = ARENA_MAGIC, .ring_size = r->ring_size,
+			       .qdepth = r->qdepth };
+	int ok = ring_is_pow2(r->ring_size) && r->ring_size <= (1u << 19) &&
+		 r->qdepth && r->qdepth <= 8192;
+	uint64_t half = ok ? ar_half(r->ring_size, r->qdepth) : 4096, size;
+	uint64_t chunk = (uint64_t)ARENA_CHUNK * 2 * half;
+	struct shm_hdr sh = { .magic = SHM_MAGIC, .ring_size = r->ring_size,
+			      .qdepth = r->qdepth };
+	uint32_t slot = r->srv_ring_size, k;
+	uint32_t w = r->srv_qdepth | (m & 16 ? ARENA_P : ARENA_C);
+	int fd = memfd_create("fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	int seals = 0;
+
+	if (fd < 0)
+		return -1;
+	h.half = m & 1 ? in_u32(in) : half;
+	h.nslots = ARENA_CHUNK * (1u + (m2 & 1));
+	if (m & 4)
+		h.magic ^= 1ull << (in_u8(in) & 63);
+	if (m & 8)
+		w = in_u32(in);
+	size = ARENA_HDR + (1u + (m2 & 1)) * chunk;
+	if (m & 2)
+		size = in_u32(in) % (ARENA_HDR + 2 * chunk + 1);
+	if (m & 32)
+		size = size - 1 - in_u8(in);
+	if (ftruncate(fd, (off_t)size) < 0 ||
+	    pwrite(fd, &h, offsetof(struct arena_hdr, word), 0) < 0 ||
+	    (slot < ARENA_MAX_SLOTS &&
+	     pwrite(fd, &w, sizeof(w),
+		    (off_t)offsetof(struct arena_hdr, word[slot])) < 0)) {
+		close(fd);
+		return -1;
+	}
+	/* the named slot's two halves (m2 & 8: the server's without one) */
+	for (k = 0; ok && slot < 2 * ARENA_CHUNK && k < 2; k++)
+		if (!(m2 & 8) || k == 0)
+			(void)pwrite(fd, &sh, sizeof(sh),
+				     (off_t)(ARENA_HDR + (2 * slot + k) * half));
+	if (!(m & 64))
+		seals |= F_SEAL_SHRINK;
+	if (m & 128)
+		seals |= F_SEAL_WRITE;
+	if (seals)
+		(void)fcntl(fd, F_ADD_SEALS, seals);
+	return fd;
+}
+
 static int make_fd(struct input *in, const struct req *r, int slot)
 {
 	int p[2], fd;
 
 	switch (in_u8(in) % 6) {
-	case 0: /* the memfd the slot wants: client's half (0) or server's (2) */
+	case 0: /* the memfd the slot wants: client's half (0) or server's (2),
+		 * or (REQ_SLOT) the arena (0) */
+		if (r->kind == 4)
+			return slot == 0 ? make_arena(in, r) : eventfd(0, EFD_CLOEXEC);
 		return make_memfd(in, slot >= 2 ? r->srv_ring_size : r->ring_size,
 				  slot >= 2 ? r->srv_qdepth : r->qdepth);
 	case 1: { /* a memfd for another geometry */
@@ -175,9 +232,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memset(&r, 0, sizeof(r));
 	r.magic = 0x434b5352u;
 	r.version = RSK_PROTO_VERSION;
-	r.kind = mode & 2 ? 3 : 1;
+	r.kind = mode & 2 ? 3 : mode & 128 ? 4 : 1;
 	in_geom(&in, &r.ring_size, &r.qdepth);
 	in_geom(&in, &r.srv_ring_size, &r.srv_qdepth);
+	if (r.kind == 4) { /* REQ_SLOT: slot (mostly in range) and gen */
+		uint8_t sm = in_u8(&in);
+
+		r.srv_ring_size = sm & 0x80 ? in_u32(&in) : sm & 7u;
+		r.srv_qdepth = sm & 0x40 ? in_u32(&in) : (uint32_t)(sm & 0x38) << 3;
+	}
 	r.src.family = mode & 4 ? (uint16_t)in_u32(&in) : AF_INET;
 	r.dst.family = mode & 8 ? (uint16_t)in_u32(&in) : AF_INET6;
 	r.reason = (uint16_t)in_u32(&in);
@@ -258,6 +321,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			mode & 1 ? "read_reject" : "accept_req", rc, detail);
 	if (!(mode & 64))
 		close(sp[0]);
+	shm_arena_trim(); /* no arena kept from one input to the next */
 	rc = open_fds();
 	FUZZ_CHECK(rc == baseline, "fd leak: %d open, %d before", rc, baseline);
 	return 0;

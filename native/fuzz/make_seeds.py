@@ -140,8 +140,14 @@ def engine_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def slot_fds(m: int, m2: int, extra: bytes = b"") -> bytes:
+    """REQ_SLOT's three fds: the arena (make_arena's m, m2 and what their bits
+    read), then two eventfds."""
+    return u8(3) + u8(0) + u8(m) + u8(m2) + extra + u8(2) + u8(0) + u8(2) + u8(0)
+
+
 def handshake_seeds() -> dict[str, bytes]:
-    # mode bits: 1 read_reject, 2 REJ kind, 4/8 raw families, 16 xor header,
+    # mode bits: 1 read_reject, 2 REJ kind, 4/8 raw families, 16 xor header, 128 REQ_SLOT,
     # 32 raw length+bytes, 64 client hangs up
     good_fds = u8(4) + u8(0) + u8(0) + u8(2) + u8(0) + u8(0) + u8(0) + u8(2) + u8(0)
     geom = u8(0) + u8(0)
@@ -173,6 +179,21 @@ def handshake_seeds() -> dict[str, bytes]:
         "rej": u8(1 | 2) + geom + u32(111) + u8(0),
         "rej-to-accept": u8(2) + geom + u32(111) + u8(0),
         "req-to-client": u8(1) + geom + reason + good_fds,
+        # REQ_SLOT (mode 128): slot byte, then the arena (kind 0: m, m2, ...) and
+        # two eventfds
+        "slot-valid": u8(128) + geom + u8(0) + reason + slot_fds(0, 0),
+        "slot-valid-gen-second-chunk": u8(128) + geom + u8(0x18 | 3) + reason + slot_fds(0, 1),
+        "slot-closed-before-accept": u8(128) + geom + u8(0) + reason + slot_fds(16, 0),
+        "slot-wrong-gen": u8(128) + geom + u8(0) + reason + slot_fds(8, 0, u32(0x55)),
+        "slot-out-of-range": u8(128) + geom + u8(0x80) + u32(99) + reason + slot_fds(0, 0),
+        "slot-huge-index": u8(128) + geom + u8(0x80) + u32(1 << 31) + reason + slot_fds(0, 0),
+        "slot-unsealed": u8(128) + geom + u8(0) + reason + slot_fds(64, 0),
+        "slot-short-arena": u8(128) + geom + u8(0) + reason + slot_fds(32, 0, u8(5)),
+        "slot-arena-size": u8(128) + geom + u8(0) + reason + slot_fds(2, 0, u32(70000)),
+        "slot-bad-half": u8(128) + geom + u8(0) + reason + slot_fds(1, 0, u32(12345)),
+        "slot-headerless-half": u8(128) + geom + u8(0) + reason + slot_fds(0, 8),
+        "slot-bad-magic": u8(128) + geom + u8(0) + reason + slot_fds(4, 0, u8(9)),
+        "slot-other-geometry": u8(128) + u8(1) + u8(0) + u8(0) + reason + slot_fds(0, 0),
     }
 
 

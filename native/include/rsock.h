@@ -185,6 +185,12 @@ int rsk_connect_bound(rsk_sock *s, const char *name, size_t namelen,
 		      const struct rsk_addr *src, const struct rsk_addr *dst,
 		      int timeout_ms);
 
+/* Frees what the engine keeps between connections for the next ones:
+ * the shared-memory arenas no connection of this process uses any more
+ * (each is dropped 2 s after its last connection anyway, at the next
+ * connect or accept).  Returns how many went. */
+int rsk_trim(void);
+
 /* The verbs provider (RDMA RC queue pairs through rdma_cm; libibverbs
  * and librdmacm are loaded at run time).  rsk_verbs_probe returns the
  * number of RDMA devices (> 0) when verbs can be used, else -ENOSYS (no

@@ -36,22 +36,33 @@
 #define CM_MAGIC 0x434b5352u /* "RSKC" little-endian */
 #define CM_REQ 1
 #define CM_REJ 3
+#define CM_REQ_SLOT 4 /* a slot of an arena (prov_shm.c) */
 
 struct cm_msg {
 	uint32_t magic;
 	uint8_t version;
 	uint8_t kind;
 	uint16_t reason;       /* CM_REJ: errno */
-	uint32_t ring_size;    /* the client's half */
+	uint32_t ring_size;    /* the client's half (REQ_SLOT: both) */
 	uint32_t qdepth;
-	uint32_t srv_ring_size; /* the server's half (created by the client) */
-	uint32_t srv_qdepth;
+	union {
+		struct { /* CM_REQ */
+			uint32_t srv_ring_size; /* the server's half (created
+						 * by the client) */
+			uint32_t srv_qdepth;
+		};
+		struct { /* CM_REQ_SLOT */
+			uint32_t slot; /* in the arena */
+			uint32_t gen;  /* its state word's generation */
+		};
+	};
 	struct rsk_addr src;
 	struct rsk_addr dst;
 };
 _Static_assert(sizeof(struct cm_msg) == 80, "cm_msg is 80 bytes");
 
-#define CM_REQ_FDS 4
+#define CM_REQ_FDS 4  /* REQ: client memfd, client evfd, server memfd, evfd */
+#define CM_SLOT_FDS 3 /* REQ_SLOT: arena memfd, client evfd, server evfd */
 
 static int cm_addr(const char *name, size_t namelen, struct sockaddr_un *sa,
 		   socklen_t *len)
@@ -65,13 +76,16 @@ static int cm_addr(const char *name, size_t namelen, struct sockaddr_un *sa,
 	return 0;
 }
 
-static int cm_peer_uid_ok(int fd)
+/* Does the peer run under our uid?  Its pid in *pid (if pid). */
+static int cm_peer_uid_ok(int fd, uint32_t *pid)
 {
 	struct ucred cr;
 	socklen_t l = sizeof(cr);
 
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) < 0)
 		return 0;
+	if (pid)
+		*pid = (uint32_t)cr.pid;
 	return cr.uid == geteuid();
 }
 
@@ -218,14 +232,17 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	if (n == 0)
 		rc = -ECONNRESET;
 	else if ((mh.msg_flags & MSG_CTRUNC) && ngot < CM_REQ_FDS &&
-		 n == sizeof(*m) && m->kind == CM_REQ)
+		 n == sizeof(*m) &&
+		 (m->kind == CM_REQ || m->kind == CM_REQ_SLOT))
 		/* the kernel could not give us the fds (our fd table is
 		 * full: it cannot say which limit), not the client's doing */
 		rc = -EMFILE;
 	else if (n != sizeof(*m) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
 		 m->magic != CM_MAGIC)
 		rc = -EPROTO;
-	want = rc == 0 && m->kind == CM_REJ ? 0 : CM_REQ_FDS;
+	want = rc == 0 && m->kind == CM_REJ	   ? 0
+	       : rc == 0 && m->kind == CM_REQ_SLOT ? CM_SLOT_FDS
+						   : CM_REQ_FDS;
 	if (rc == 0 && ngot != want)
 		rc = -EPROTO;
 	if (rc) {
@@ -249,11 +266,11 @@ static int cm_geom_ok(uint32_t ring, uint32_t q)
 	       q >= RSK_QDEPTH_MIN && q <= RSK_QDEPTH_MAX;
 }
 
-/* Validates a REQ from the peer; on failure explains in detail. */
-static int cm_check(const struct cm_msg *m, int kind, char *detail,
-		    size_t dlen)
+/* Validates a REQ (or REQ_SLOT) from the peer; on failure explains in
+ * detail. */
+static int cm_check(const struct cm_msg *m, char *detail, size_t dlen)
 {
-	if (m->kind != kind) {
+	if (m->kind != CM_REQ && m->kind != CM_REQ_SLOT) {
 		snprintf(detail, dlen, "handshake: unexpected message kind %u",
 			 m->kind);
 		return -EPROTO;
@@ -265,7 +282,8 @@ static int cm_check(const struct cm_msg *m, int kind, char *detail,
 		return -EPROTONOSUPPORT;
 	}
 	if (!cm_geom_ok(m->ring_size, m->qdepth) ||
-	    !cm_geom_ok(m->srv_ring_size, m->srv_qdepth) ||
+	    (m->kind == CM_REQ &&
+	     !cm_geom_ok(m->srv_ring_size, m->srv_qdepth)) ||
 	    !cm_addr_ok(&m->src) || !cm_addr_ok(&m->dst)) {
 		snprintf(detail, dlen, "handshake: bad parameters");
 		return -EPROTO;
@@ -283,7 +301,14 @@ static int cm_fault_wrap(struct cm_result *res)
 }
 
 /* Our half of a connection: a QP with every receive posted. */
-static int cm_make_qp(const struct rsk_opts *o, struct cm_result *res)
+/* Our half of a connection: a QP with every receive posted, on a slot of
+ * the arena we share with the server key (its pid) if key, else on a
+ * segment of its own (then *srv_memfd and *srv_evfd are -1).  On the
+ * arena, *slot and *gen name the slot, and *memfd and *srv_evfd are the
+ * arena's and the server's (kept by the arena and the QP). */
+static int cm_make_qp(const struct rsk_opts *o, uint32_t key,
+		      struct cm_result *res, int *memfd, int *srv_evfd,
+		      uint32_t *slot, uint32_t *gen)
 {
 	uint32_t i;
 	int rc;
@@ -291,8 +316,14 @@ static int cm_make_qp(const struct rsk_opts *o, struct cm_result *res)
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
 	res->ops = &shm_ops;
+	*memfd = *srv_evfd = -1;
 	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
-	if (rc >= 0)
+	if (rc < 0)
+		return rc;
+	rc = key ? shm_arena_connect(key, o->ring_size, o->qdepth, &res->qp,
+				     memfd, slot, gen, srv_evfd)
+		 : -ENOENT;
+	if (rc) /* no arena (whatever the reason): a segment of its own */
 		rc = shm_qp_create(o->ring_size, o->qdepth, &res->qp);
 	if (rc < 0)
 		return rc;
@@ -337,7 +368,7 @@ static int cm_accept_conn(int lfd, char *detail, size_t dlen)
 
 	if (fd < 0)
 		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
-	if (!cm_peer_uid_ok(fd)) {
+	if (!cm_peer_uid_ok(fd, NULL)) {
 		snprintf(detail, dlen, "refused a client of another uid");
 		cm_reject(fd, EACCES);
 		close(fd);
@@ -384,11 +415,26 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		close(fd);
 		return rc == -ETIMEDOUT ? -EPROTO : rc;
 	}
-	rc = cm_check(&req, CM_REQ, detail, dlen);
+	rc = cm_check(&req, detail, dlen);
 	if (rc)
 		goto reject;
 	res->ops = &shm_ops;
 	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
+	if (rc >= 0 && req.kind == CM_REQ_SLOT) {
+		rc = shm_arena_accept(fds[0], req.ring_size, req.qdepth,
+				      req.slot, req.gen, fds[2], fds[1],
+				      &res->qp);
+		fds[0] = fds[1] = fds[2] = -1; /* consumed */
+		if (rc) {
+			snprintf(detail, dlen, rc == -ECONNRESET
+				 ? "handshake: the client gave up its slot"
+				 : "handshake: bad arena or slot");
+			goto reject;
+		}
+		req.srv_ring_size = req.ring_size;
+		req.srv_qdepth = req.qdepth;
+		goto adopted;
+	}
 	if (rc >= 0) {
 		rc = shm_qp_adopt(req.srv_ring_size, req.srv_qdepth, fds[2],
 				  fds[3], &res->qp);
@@ -404,6 +450,7 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		snprintf(detail, dlen, "handshake: cannot map the client's ring");
 		goto reject;
 	}
+adopted:
 	res->area = shm_qp_area(res->qp);
 	res->ring = req.srv_ring_size;
 	res->q = req.srv_qdepth;
@@ -465,7 +512,8 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	struct cm_msg req;
 	socklen_t len;
 	int fd, rc, srv_memfd = -1, srv_evfd = -1, fds[CM_REQ_FDS];
-	int blocking = 0;
+	int blocking = 0, nfds, kind;
+	uint32_t pid = 0, slot = 0, gen = 0;
 
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
@@ -488,17 +536,6 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		close(fd);
 		return rc;
 	}
-	/* Both halves are made before connecting, so that the REQ follows the
-	 * connect at once: a listener that wakes for the connection finds it
-	 * ready to accept, as a TCP listener's readiness means (made after,
-	 * their syscalls left a window in which a non-blocking accept() of a
-	 * readable listener failed with EAGAIN: 49 of 200 in a test). */
-	rc = cm_make_qp(o, res);
-	if (rc)
-		goto out;
-	rc = shm_half_create(o->ring_size, o->qdepth, &srv_memfd, &srv_evfd);
-	if (rc)
-		goto out;
 	for (;;) {
 		if (connect(fd, (struct sockaddr *)&sa, len) == 0)
 			break;
@@ -546,35 +583,62 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		rc = -errno;
 		goto out;
 	}
-	if (!cm_peer_uid_ok(fd)) {
+	if (!cm_peer_uid_ok(fd, &pid)) {
 		snprintf(detail, dlen, "the listener runs under another uid");
 		rc = -ECONNREFUSED;
 		goto out;
 	}
-	cm_fill(&req, CM_REQ, o);
-	req.srv_ring_size = o->ring_size;
-	req.srv_qdepth = o->qdepth;
+	/* Our half (and the server's) on a slot of the arena we share with
+	 * that process, or else segments of their own: made right after the
+	 * connect, so that the REQ follows at once (a listener that wakes
+	 * for the connection gives it a moment: cm_req_soon). */
+	rc = cm_make_qp(o, pid, res, &fds[0], &srv_evfd, &slot, &gen);
+	if (rc)
+		goto out;
+	nfds = CM_SLOT_FDS;
+	kind = CM_REQ_SLOT;
+	if (fds[0] < 0) {
+		rc = shm_half_create(o->ring_size, o->qdepth, &srv_memfd,
+				     &srv_evfd);
+		if (rc)
+			goto out;
+		fds[0] = shm_qp_memfd(res->qp);
+		fds[2] = srv_memfd;
+		fds[3] = srv_evfd;
+		nfds = CM_REQ_FDS;
+		kind = CM_REQ;
+	} else {
+		fds[2] = srv_evfd; /* the QP's */
+		srv_evfd = -1;
+	}
+	fds[1] = shm_qp_evfd(res->qp);
+	cm_fill(&req, kind, o);
+	if (kind == CM_REQ) {
+		req.srv_ring_size = o->ring_size;
+		req.srv_qdepth = o->qdepth;
+	} else {
+		req.slot = slot;
+		req.gen = gen;
+	}
 	req.src = *src;
 	req.dst = *dst;
-	fds[0] = shm_qp_memfd(res->qp);
-	fds[1] = shm_qp_evfd(res->qp);
-	fds[2] = srv_memfd;
-	fds[3] = srv_evfd;
-	rc = cm_send(fd, &req, fds, CM_REQ_FDS);
+	rc = cm_send(fd, &req, fds, nfds);
 	if (rc == -EPIPE || rc == -ECONNRESET) {
 		snprintf(detail, dlen, "the listener went away");
 		rc = -ECONNREFUSED;
 	}
 	if (rc)
 		goto out;
-	/* map the server's half (created here, its fds just went out) */
-	rc = shm_qp_attach(res->qp, srv_memfd, srv_evfd, o->ring_size,
-			   o->qdepth);
-	srv_memfd = srv_evfd = -1; /* consumed */
-	if (rc)
-		goto out;
-	shm_qp_drop_memfd(res->qp);
-	res->area = shm_qp_area(res->qp);
+	if (kind == CM_REQ) {
+		/* map the server's half (created here, its fds just went out) */
+		rc = shm_qp_attach(res->qp, srv_memfd, srv_evfd, o->ring_size,
+				   o->qdepth);
+		srv_memfd = srv_evfd = -1; /* consumed */
+		if (rc)
+			goto out;
+		shm_qp_drop_memfd(res->qp);
+		res->area = shm_qp_area(res->qp);
+	}
 	res->ring = o->ring_size;
 	res->q = o->qdepth;
 	rc = cm_fault_wrap(res);

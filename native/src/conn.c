@@ -814,6 +814,11 @@ int rsk_connect_bound(rsk_sock *s, const char *name, size_t namelen,
 	return eng_connect(s, &d);
 }
 
+int rsk_trim(void)
+{
+	return shm_arena_trim();
+}
+
 /* ------------------------------------------------------ verbs provider */
 
 int rsk_verbs_probe(char *detail, size_t dlen)

@@ -130,6 +130,24 @@ int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
 /* Close the memfd once the peer has it (mappings stay). */
 void shm_qp_drop_memfd(struct prov_qp *qp);
 
+/* Arenas (a process pair's connections carved out of one memfd; see
+ * prov_shm.c).  The client's QP on a free slot of its arena for the
+ * server key (its pid) and geometry, made if needed, with both halves
+ * initialised (the server's receives posted, ours not) and both eventfds
+ * made: *memfd (the arena's, still ours), *slot, *gen and *srv_evfd (the
+ * qp's) go in the REQ.  0 or -errno. */
+int shm_arena_connect(uint32_t key, uint32_t ring_size, uint32_t qdepth,
+		      struct prov_qp **out, int *memfd, uint32_t *slot,
+		      uint32_t *gen, int *srv_evfd);
+/* The server's QP on the slot of the arena memfd that a REQ named (all
+ * three fds consumed): -EPROTO for anything that does not check out,
+ * -ECONNRESET if the client gave the slot up before this accept. */
+int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
+		     uint32_t slot, uint32_t gen, int evfd, int peer_evfd,
+		     struct prov_qp **out);
+/* Drops every arena no connection of this process uses: how many. */
+int shm_arena_trim(void);
+
 /* --- fault injection (prov_fault.c): a provider that wraps another ------ */
 
 /* RSOCK_FAULT, parsed once per process (at the first call): 0 when unset

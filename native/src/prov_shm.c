@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/memfd.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,10 +39,12 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "prov.h"
 #include "ring.h"
+#include "rsock.h"
 
 #define SHM_MAGIC 0x4b53525348534d31ull /* "1MSHSRSK" */
 #define SHM_CQ_OFF 512
@@ -77,6 +80,8 @@ struct shm_seg {
 
 #define SCQ_MAX 64
 
+struct shm_arena;
+
 struct prov_qp {
 	struct shm_seg l; /* ours: peer writes into it */
 	struct shm_seg r; /* the peer's: we write into it */
@@ -97,6 +102,11 @@ struct prov_qp {
 	struct prov_wc scq[SCQ_MAX];
 	unsigned scq_n;
 	uint64_t notifies;
+	/* halves carved out of an arena (NULL: segments of their own) */
+	struct shm_arena *arena;
+	uint32_t slot;
+	uint32_t slot_bit; /* ARENA_C (the client's QP) or ARENA_S */
+	unsigned fork_ctr; /* ar_forks when made: a fork since keeps the slot */
 };
 
 static size_t seg_area_off(uint32_t qdepth)
@@ -508,13 +518,17 @@ static uint64_t shm_notifies_sent(struct prov_qp *qp)
 	return qp->notifies;
 }
 
+static void arena_release(struct prov_qp *qp);
+
 static void shm_destroy(struct prov_qp *qp)
 {
 	if (!qp)
 		return;
-	if (qp->l.base)
+	if (qp->arena)
+		arena_release(qp);
+	else if (qp->l.base)
 		munmap(qp->l.base, qp->l.size);
-	if (qp->r.base)
+	if (!qp->arena && qp->r.base)
 		munmap(qp->r.base, qp->r.size);
 	if (qp->memfd >= 0)
 		close(qp->memfd);
@@ -542,3 +556,547 @@ const struct prov_ops shm_ops = {
 	.notifies_sent = shm_notifies_sent,
 	.destroy = shm_destroy,
 };
+
+/* ------------------------------------------------------------- arenas */
+
+/*
+ * An arena holds the halves of the connections between one client process
+ * and one server process, so that a new connection maps nothing and
+ * creates no segment: the client claims a free slot and sends the arena's
+ * memfd (which the server has mapped already, if this is not the pair's
+ * first connection: it knows it by inode) with the slot's number in its
+ * REQ (PROTOCOL.md, section 6).  The client creates and owns the arena:
+ * 0600, sealed against shrinking (it grows, a chunk of ARENA_CHUNK slots
+ * at a time, up to ARENA_MAX_SLOTS), its first ARENA_HDR bytes the header
+ * below, then the chunks, each slot [client's half][server's half]:
+ *
+ *   +------------------+  0
+ *   | struct arena_hdr |  geometry, then one state word per slot
+ *   +------------------+  ARENA_HDR
+ *   | chunk 0: slots 0..63, each C | S
+ *   | chunk 1: ...     |  (each half laid out as a segment: top of file)
+ *
+ * Each process maps the header, and each chunk apart when it first needs
+ * it, so one arena (one fd kept by the client) serves up to 16,320
+ * connections of the pair and growing costs no remap.
+ *
+ * A slot's state word: bit 0 (ARENA_C) while the client's end holds it,
+ * bit 1 (ARENA_S) while the server's end does, bit 2 (ARENA_P) when the
+ * client closed before the server took it (its data and FIN wait there for
+ * the accept, as TCP's do), a generation above.  The client claims a free
+ * slot (no bit set) with a compare-and-swap that bumps the generation; the
+ * server takes it only if the word still reads (generation, C or P), so a
+ * REQ can never be served on a slot in use again; each end clears its bit
+ * when it is destroyed, after its last access.  An end that crossed a
+ * fork never clears its bit (another process may still use the
+ * connection): the slot is not reused, and an arena left with no free
+ * slot is dropped once its connections are gone.
+ *
+ * The peer is untrusted here as everywhere: the server reads the geometry
+ * once (pread, before mapping) and checks everything against that copy
+ * and the memfd's size; a client that writes the words or the headers
+ * harms only its own connections.  Idle arenas (no connection left in this
+ * process) stay for ARENA_IDLE_NS for the next connection and are dropped
+ * after, at the next connect or accept of an arena connection, or by
+ * shm_arena_trim().  Locking: ar_lock, a leaf (taken under a socket's
+ * lock, never the other way), guards both lists and every arena's private
+ * fields; slot words are atomics in shared memory.
+ */
+#define ARENA_MAGIC 0x414e4552414b5352ull /* "RSKARENA" */
+#define ARENA_HDR 65536
+#define ARENA_CHUNK 64
+#define ARENA_MAX_CHUNKS 255
+#define ARENA_MAX_SLOTS (ARENA_CHUNK * ARENA_MAX_CHUNKS)
+#define ARENA_C 1u
+#define ARENA_S 2u
+#define ARENA_P 4u /* the client closed before the server took it */
+#define ARENA_BITS (ARENA_C | ARENA_S | ARENA_P)
+#define ARENA_GEN 8u
+#define ARENA_IDLE_NS 2000000000ll
+#define ARENA_IDLE_MAX 16 /* idle arenas a server keeps at most */
+
+struct arena_hdr {
+	uint64_t magic;
+	uint32_t ring_size;
+	uint32_t qdepth;
+	uint32_t nslots; /* the client's count (the server reads the size) */
+	uint32_t pad;
+	uint64_t half; /* bytes per half (page multiple) */
+	_Alignas(CL) uint32_t word[ARENA_MAX_SLOTS];
+};
+_Static_assert(sizeof(struct arena_hdr) <= ARENA_HDR, "arena header");
+
+struct shm_arena {
+	struct shm_arena *next;
+	struct arena_hdr *hdr; /* mapped, ARENA_HDR bytes */
+	uint8_t *chunk[ARENA_MAX_CHUNKS]; /* each mapped when first needed */
+	uint32_t nchunks; /* the client's: how many it made */
+	uint32_t ring_size, qdepth;
+	size_t half;
+	int fd;        /* the client's: sent with every REQ (server: -1) */
+	uint32_t key;  /* the client's: the server's pid */
+	dev_t dev;     /* the server's: the memfd's identity */
+	ino_t ino;
+	unsigned refs; /* QPs in this process using it */
+	uint32_t next_slot;
+	int64_t idle_since;
+};
+
+static pthread_mutex_t ar_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shm_arena *ar_client, *ar_server;
+static unsigned ar_forks;
+static pthread_once_t ar_once = PTHREAD_ONCE_INIT;
+
+static void ar_atfork_parent(void)
+{
+	ar_forks++;
+}
+
+static void ar_atfork_child(void)
+{
+	pthread_mutex_init(&ar_lock, NULL);
+	ar_forks++;
+}
+
+static void ar_init(void)
+{
+	pthread_atfork(NULL, ar_atfork_parent, ar_atfork_child);
+}
+
+static int64_t ar_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static size_t ar_half(uint32_t ring_size, uint32_t qdepth)
+{
+	return (seg_size(ring_size, qdepth) + 4095) & ~(size_t)4095;
+}
+
+static size_t ar_chunk_bytes(const struct shm_arena *a)
+{
+	return (size_t)ARENA_CHUNK * 2 * a->half;
+}
+
+static off_t ar_chunk_off(const struct shm_arena *a, uint32_t c)
+{
+	return (off_t)(ARENA_HDR + (size_t)c * ar_chunk_bytes(a));
+}
+
+/* Slot i's client half (its server half follows, a->half further). */
+static uint8_t *ar_slot(const struct shm_arena *a, uint32_t i)
+{
+	return a->chunk[i / ARENA_CHUNK] +
+	       (size_t)(i % ARENA_CHUNK) * 2 * a->half;
+}
+
+/* Maps chunk c of the arena's memfd (once). */
+static int ar_map_chunk(struct shm_arena *a, int fd, uint32_t c)
+{
+	void *p;
+
+	if (a->chunk[c])
+		return 0;
+	p = mmap(NULL, ar_chunk_bytes(a), PROT_READ | PROT_WRITE, MAP_SHARED,
+		 fd, ar_chunk_off(a, c));
+	if (p == MAP_FAILED)
+		return -errno;
+	a->chunk[c] = p;
+	return 0;
+}
+
+static void ar_free(struct shm_arena *a)
+{
+	uint32_t c;
+
+	for (c = 0; c < ARENA_MAX_CHUNKS; c++)
+		if (a->chunk[c])
+			munmap(a->chunk[c], ar_chunk_bytes(a));
+	munmap(a->hdr, ARENA_HDR);
+	if (a->fd >= 0)
+		close(a->fd);
+	free(a);
+}
+
+/* Has a client's arena no free slot left (all made, none free)? */
+static int ar_full(const struct shm_arena *a)
+{
+	uint32_t i;
+
+	if (a->nchunks < ARENA_MAX_CHUNKS)
+		return 0;
+	for (i = 0; i < a->nchunks * ARENA_CHUNK; i++)
+		if (!(__atomic_load_n(&a->hdr->word[i], __ATOMIC_RELAXED) &
+		      ARENA_BITS))
+			return 0;
+	return 1;
+}
+
+/* Drops the idle arenas of a list (all of them, or those idle too long,
+ * or past the count kept, or with no free slot left); ar_lock held.  How
+ * many went. */
+static int ar_sweep(struct shm_arena **list, int all, int64_t now)
+{
+	struct shm_arena **pp = list, *a;
+	int n = 0, idle = 0;
+
+	while ((a = *pp)) {
+		int go = !a->refs &&
+			 (all || now - a->idle_since >= ARENA_IDLE_NS ||
+			  ++idle > ARENA_IDLE_MAX || (a->fd >= 0 && ar_full(a)));
+
+		if (go) {
+			*pp = a->next;
+			ar_free(a);
+			n++;
+		} else {
+			pp = &a->next;
+		}
+	}
+	return n;
+}
+
+int shm_arena_trim(void)
+{
+	int n;
+
+	pthread_mutex_lock(&ar_lock);
+	n = ar_sweep(&ar_client, 1, 0) + ar_sweep(&ar_server, 1, 0);
+	pthread_mutex_unlock(&ar_lock);
+	return n;
+}
+
+/* One end of a connection is done with its slot; ar_lock not held. */
+static void arena_release(struct prov_qp *qp)
+{
+	struct shm_arena *a = qp->arena;
+	uint32_t *wp = &a->hdr->word[qp->slot], w, nw;
+
+	if (qp->fork_ctr == __atomic_load_n(&ar_forks, __ATOMIC_RELAXED)) {
+		w = __atomic_load_n(wp, __ATOMIC_ACQUIRE);
+		do {
+			nw = w & ~qp->slot_bit;
+			/* the client's end before the server took it: the
+			 * slot waits for the accept (or the arena's end) */
+			if (qp->slot_bit == ARENA_C && !(w & ARENA_S))
+				nw |= ARENA_P;
+		} while (!__atomic_compare_exchange_n(wp, &w, nw, 0,
+						      __ATOMIC_ACQ_REL,
+						      __ATOMIC_ACQUIRE));
+	}
+	pthread_mutex_lock(&ar_lock);
+	if (!--a->refs)
+		a->idle_since = ar_now();
+	pthread_mutex_unlock(&ar_lock);
+	qp->arena = NULL;
+	qp->l.base = qp->r.base = NULL; /* the arena's mapping */
+}
+
+/* A new client arena for key (header only: no chunk yet), on the list;
+ * ar_lock held. */
+static struct shm_arena *ar_create(uint32_t key, uint32_t ring_size,
+				   uint32_t qdepth, int *err)
+{
+	struct shm_arena *a = calloc(1, sizeof(*a));
+	void *p;
+
+	*err = -ENOMEM;
+	if (!a)
+		return NULL;
+	a->fd = memfd_create("rsock-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (a->fd < 0)
+		goto fail;
+	if (fchmod(a->fd, 0600) < 0 || ftruncate(a->fd, ARENA_HDR) < 0 ||
+	    fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+		goto fail;
+	p = mmap(NULL, ARENA_HDR, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+	if (p == MAP_FAILED)
+		goto fail;
+	a->hdr = p;
+	a->ring_size = a->hdr->ring_size = ring_size;
+	a->qdepth = a->hdr->qdepth = qdepth;
+	a->half = ar_half(ring_size, qdepth);
+	a->hdr->half = a->half;
+	a->hdr->magic = ARENA_MAGIC;
+	a->key = key;
+	a->next = ar_client;
+	ar_client = a;
+	return a;
+fail:
+	*err = -errno;
+	if (a->fd >= 0)
+		close(a->fd);
+	free(a);
+	return NULL;
+}
+
+/* One more chunk of slots (the file grows; nothing is remapped). */
+static int ar_grow(struct shm_arena *a)
+{
+	uint32_t c = a->nchunks;
+	int rc;
+
+	if (c == ARENA_MAX_CHUNKS)
+		return -ENOSPC;
+	if (ftruncate(a->fd, ar_chunk_off(a, c + 1)) < 0)
+		return -errno;
+	rc = ar_map_chunk(a, a->fd, c);
+	if (rc)
+		return rc;
+	a->nchunks = c + 1;
+	__atomic_store_n(&a->hdr->nslots, a->nchunks * ARENA_CHUNK,
+			 __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* Claims a free slot of a (its number, or -1); ar_lock held. */
+static int ar_claim(struct shm_arena *a, uint32_t *gen)
+{
+	uint32_t i, k, w, n = a->nchunks * ARENA_CHUNK;
+
+	for (k = 0; k < n; k++) {
+		i = (a->next_slot + k) % n;
+		w = __atomic_load_n(&a->hdr->word[i], __ATOMIC_ACQUIRE);
+		if (w & ARENA_BITS)
+			continue;
+		*gen = (w & ~ARENA_BITS) + ARENA_GEN;
+		if (__atomic_compare_exchange_n(&a->hdr->word[i], &w,
+						*gen | ARENA_C, 0,
+						__ATOMIC_ACQ_REL,
+						__ATOMIC_ACQUIRE)) {
+			a->next_slot = i + 1;
+			return (int)i;
+		}
+	}
+	return -1;
+}
+
+/* A half's header as its creator writes it (a slot used before keeps
+ * nothing of it), with every receive posted if posted. */
+static void ar_half_init(uint8_t *base, uint32_t ring_size, uint32_t qdepth,
+			 int posted)
+{
+	struct shm_hdr *h = (struct shm_hdr *)base;
+
+	memset(h, 0, sizeof(*h));
+	h->magic = SHM_MAGIC;
+	h->ring_size = ring_size;
+	h->qdepth = qdepth;
+	h->rq_prod = posted ? qdepth : 0;
+}
+
+/* A slot for the client, in an arena of key's (grown, or made, if none
+ * has a free slot); ar_lock held.  Its number, or -errno. */
+static int ar_take(uint32_t key, uint32_t ring_size, uint32_t qdepth,
+		   struct shm_arena **out, uint32_t *gen)
+{
+	struct shm_arena *a, *room = NULL;
+	int i, rc;
+
+	for (a = ar_client; a; a = a->next) {
+		if (a->key != key || a->ring_size != ring_size ||
+		    a->qdepth != qdepth)
+			continue;
+		if ((i = ar_claim(a, gen)) >= 0)
+			goto got;
+		if (!room && a->nchunks < ARENA_MAX_CHUNKS)
+			room = a;
+	}
+	a = room;
+	if (!a && !(a = ar_create(key, ring_size, qdepth, &rc)))
+		return rc;
+	if ((rc = ar_grow(a)))
+		return rc;
+	if ((i = ar_claim(a, gen)) < 0)
+		return -EAGAIN; /* (another process took the whole chunk) */
+got:
+	a->refs++;
+	*out = a;
+	return i;
+}
+
+int shm_arena_connect(uint32_t key, uint32_t ring_size, uint32_t qdepth,
+		      struct prov_qp **out, int *memfd, uint32_t *slot,
+		      uint32_t *gen, int *srv_evfd)
+{
+	struct prov_qp *qp = NULL;
+	struct shm_arena *a = NULL;
+	uint8_t *base;
+	int i, rc;
+
+	pthread_once(&ar_once, ar_init);
+	if (!ring_is_pow2(ring_size) || qdepth == 0)
+		return -EINVAL;
+	qp = qp_alloc(qdepth);
+	if (!qp)
+		return -ENOMEM;
+	qp->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	qp->peer_evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (qp->evfd < 0 || qp->peer_evfd < 0) {
+		rc = -errno;
+		shm_destroy(qp);
+		return rc;
+	}
+	pthread_mutex_lock(&ar_lock);
+	ar_sweep(&ar_client, 0, ar_now());
+	i = ar_take(key, ring_size, qdepth, &a, gen);
+	pthread_mutex_unlock(&ar_lock);
+	if (i < 0) {
+		shm_destroy(qp);
+		return i;
+	}
+	base = ar_slot(a, (uint32_t)i);
+	ar_half_init(base, ring_size, qdepth, 0);
+	ar_half_init(base + a->half, ring_size, qdepth, 1);
+	seg_layout(&qp->l, base, ring_size, qdepth);
+	seg_layout(&qp->r, base + a->half, ring_size, qdepth);
+	qp->arena = a;
+	qp->slot = (uint32_t)i;
+	qp->slot_bit = ARENA_C;
+	qp->fork_ctr = __atomic_load_n(&ar_forks, __ATOMIC_RELAXED);
+	*out = qp;
+	*memfd = a->fd;
+	*slot = (uint32_t)i;
+	*srv_evfd = qp->peer_evfd;
+	return 0;
+}
+
+/* The server's arena for memfd, found by the memfd's inode, or checked
+ * and its header mapped (then on the list), with slot's chunk mapped and
+ * its refs taken; ar_lock held. */
+static int ar_find(int memfd, uint32_t slot, struct shm_arena **out)
+{
+	struct arena_hdr h;
+	struct shm_arena *a;
+	struct stat st;
+	uint32_t c = slot / ARENA_CHUNK;
+	void *p;
+	int seals, rc;
+
+	if (slot >= ARENA_MAX_SLOTS || fstat(memfd, &st) < 0 ||
+	    !S_ISREG(st.st_mode))
+		return -EPROTO;
+	for (a = ar_server; a; a = a->next)
+		if (a->dev == st.st_dev && a->ino == st.st_ino)
+			goto found;
+	seals = fcntl(memfd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return -EPROTO;
+	if (pread(memfd, &h, offsetof(struct arena_hdr, word), 0) !=
+		    (ssize_t)offsetof(struct arena_hdr, word) ||
+	    h.magic != ARENA_MAGIC || !ring_is_pow2(h.ring_size) ||
+	    h.ring_size < RSK_RING_MIN || h.ring_size > RSK_RING_MAX ||
+	    h.qdepth < RSK_QDEPTH_MIN || h.qdepth > RSK_QDEPTH_MAX ||
+	    h.half != ar_half(h.ring_size, h.qdepth) ||
+	    (uint64_t)st.st_size < ARENA_HDR)
+		return -EPROTO;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	p = mmap(NULL, ARENA_HDR, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (p == MAP_FAILED) {
+		rc = -errno;
+		free(a);
+		return rc;
+	}
+	a->hdr = p;
+	a->ring_size = h.ring_size;
+	a->qdepth = h.qdepth;
+	a->half = h.half;
+	a->fd = -1;
+	a->dev = st.st_dev;
+	a->ino = st.st_ino;
+	a->next = ar_server;
+	ar_server = a;
+found:
+	/* the slot's chunk is in the file (sealed: it stays there) */
+	if (!a->chunk[c]) {
+		if ((uint64_t)st.st_size < (uint64_t)ar_chunk_off(a, c + 1))
+			return -EPROTO;
+		if ((rc = ar_map_chunk(a, memfd, c)))
+			return rc;
+	}
+	a->refs++;
+	*out = a;
+	return 0;
+}
+
+int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
+		     uint32_t slot, uint32_t gen, int evfd, int peer_evfd,
+		     struct prov_qp **out)
+{
+	struct prov_qp *qp = NULL;
+	struct shm_arena *a = NULL;
+	uint32_t w = gen | ARENA_C, i;
+	uint8_t *base;
+	int rc;
+
+	pthread_once(&ar_once, ar_init);
+	rc = evfd_checked(evfd);
+	if (!rc)
+		rc = evfd_checked(peer_evfd);
+	if (!rc && (gen & ARENA_BITS))
+		rc = -EPROTO;
+	if (!rc && !(qp = qp_alloc(qdepth ? qdepth : 1)))
+		rc = -ENOMEM;
+	if (rc)
+		goto out;
+	pthread_mutex_lock(&ar_lock);
+	ar_sweep(&ar_server, 0, ar_now());
+	rc = ar_find(memfd, slot, &a);
+	if (!rc && (a->ring_size != ring_size || a->qdepth != qdepth))
+		rc = -EPROTO;
+	/* the slot is still the one the client claimed for this REQ (held,
+	 * or closed since and waiting for us) */
+	if (!rc && !__atomic_compare_exchange_n(&a->hdr->word[slot], &w,
+						w | ARENA_S, 0,
+						__ATOMIC_ACQ_REL,
+						__ATOMIC_ACQUIRE) &&
+	    (w != (gen | ARENA_P) ||
+	     !__atomic_compare_exchange_n(&a->hdr->word[slot], &w,
+					  gen | ARENA_S, 0, __ATOMIC_ACQ_REL,
+					  __ATOMIC_ACQUIRE)))
+		rc = -ECONNRESET;
+	if (rc && a && !--a->refs)
+		a->idle_since = ar_now();
+	pthread_mutex_unlock(&ar_lock);
+	if (rc)
+		goto out;
+	base = ar_slot(a, slot);
+	seg_layout(&qp->r, base, ring_size, qdepth);
+	seg_layout(&qp->l, base + a->half, ring_size, qdepth);
+	qp->arena = a;
+	qp->slot = slot;
+	qp->slot_bit = ARENA_S;
+	qp->fork_ctr = __atomic_load_n(&ar_forks, __ATOMIC_RELAXED);
+	close(memfd);
+	memfd = -1;
+	qp->evfd = evfd;
+	qp->peer_evfd = peer_evfd;
+	if (__atomic_load_n(&qp->l.hdr->magic, __ATOMIC_RELAXED) != SHM_MAGIC ||
+	    __atomic_load_n(&qp->r.hdr->magic, __ATOMIC_RELAXED) != SHM_MAGIC) {
+		shm_destroy(qp);
+		return -EPROTO;
+	}
+	/* as shm_qp_adopt: our receives were posted by the creator */
+	for (i = 0; i < qdepth; i++)
+		qp->rq_wrid[i] = PROV_WRID_RECV | i;
+	qp->rq_prod = qdepth;
+	__atomic_store_n(&qp->l.hdr->rq_prod, qdepth, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->cq_cons, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELEASE);
+	*out = qp;
+	return 0;
+out:
+	if (qp) {
+		qp->evfd = qp->peer_evfd = -1;
+		shm_destroy(qp);
+	}
+	close(memfd);
+	close(evfd);
+	close(peer_evfd);
+	return rc;
+}
