@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import resource
 import selectors
 import time
@@ -319,3 +320,32 @@ def test_many_connections_one_process_pair(
         f"  connecting child: {c['child_held']} fds ({c['child_held'] / n:.1f} per "
         f"connection), RSS {c['child_rss_kib'] / 1024:.1f} MiB"
     )
+
+
+def test_arena_slots_are_reused() -> None:
+    """300 connections one after another, each closed before the next: their rings
+    are slots of one arena that are freed and reused, so this process maps the
+    arena's header and one chunk (64 slots) as the client and as the server, no
+    more, and no fd but the arena's is left (rsock only: TCP has no rings)."""
+    import rsock
+    from support import connected_pair
+
+    def arena_maps() -> int:
+        with open("/proc/self/maps") as f:
+            return sum("/memfd:rsock-arena" in line for line in f)
+
+    rsock._lowlevel.trim()
+    fds0 = fd_count()
+    for i in range(300):
+        c, s = connected_pair(rsock)
+        with c, s:
+            c.sendall(b"%d" % i)
+            assert s.recv(16) == b"%d" % i
+            s.sendall(b"x" * 70000)  # past the first pages of the ring
+            got = 0
+            while got < 70000:
+                got += len(c.recv(70000 - got))
+    assert arena_maps() == 4  # client: header + chunk 0; server: the same
+    assert len(os.listdir("/proc/self/fd")) == fds0 + 1  # the arena's memfd
+    assert rsock._lowlevel.trim() == 2  # our client's arena and our server's copy
+    assert arena_maps() == 0

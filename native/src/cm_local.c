@@ -629,6 +629,8 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	}
 	if (rc)
 		goto out;
+	if (kind == CM_REQ_SLOT)
+		shm_arena_sent(res->qp);
 	if (kind == CM_REQ) {
 		/* map the server's half (created here, its fds just went out) */
 		rc = shm_qp_attach(res->qp, srv_memfd, srv_evfd, o->ring_size,

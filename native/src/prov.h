@@ -139,6 +139,9 @@ void shm_qp_drop_memfd(struct prov_qp *qp);
 int shm_arena_connect(uint32_t key, uint32_t ring_size, uint32_t qdepth,
 		      struct prov_qp **out, int *memfd, uint32_t *slot,
 		      uint32_t *gen, int *srv_evfd);
+/* The client's REQ_SLOT for qp went out: from now on, closing before the
+ * server took the slot leaves it to the server (ARENA_P), not free. */
+void shm_arena_sent(struct prov_qp *qp);
 /* The server's QP on the slot of the arena memfd that a REQ named (all
  * three fds consumed): -EPROTO for anything that does not check out,
  * -ECONNRESET if the client gave the slot up before this accept. */

@@ -106,6 +106,7 @@ struct prov_qp {
 	struct shm_arena *arena;
 	uint32_t slot;
 	uint32_t slot_bit; /* ARENA_C (the client's QP) or ARENA_S */
+	int slot_sent;     /* the client's: its REQ_SLOT went out */
 	unsigned fork_ctr; /* ar_forks when made: a fork since keeps the slot */
 };
 
@@ -583,7 +584,9 @@ const struct prov_ops shm_ops = {
  * A slot's state word: bit 0 (ARENA_C) while the client's end holds it,
  * bit 1 (ARENA_S) while the server's end does, bit 2 (ARENA_P) when the
  * client closed before the server took it (its data and FIN wait there for
- * the accept, as TCP's do), a generation above.  The client claims a free
+ * the accept, as TCP's do), bit 3 (ARENA_D) when the server closed first
+ * (so that the client's close frees the slot rather than leave it for an
+ * accept), a generation above.  The client claims a free
  * slot (no bit set) with a compare-and-swap that bumps the generation; the
  * server takes it only if the word still reads (generation, C or P), so a
  * REQ can never be served on a slot in use again; each end clears its bit
@@ -610,8 +613,9 @@ const struct prov_ops shm_ops = {
 #define ARENA_C 1u
 #define ARENA_S 2u
 #define ARENA_P 4u /* the client closed before the server took it */
-#define ARENA_BITS (ARENA_C | ARENA_S | ARENA_P)
-#define ARENA_GEN 8u
+#define ARENA_D 8u /* the server is done with it, the client is not */
+#define ARENA_BITS (ARENA_C | ARENA_S | ARENA_P | ARENA_D)
+#define ARENA_GEN 16u
 #define ARENA_IDLE_NS 2000000000ll
 #define ARENA_IDLE_MAX 16 /* idle arenas a server keeps at most */
 
@@ -778,11 +782,16 @@ static void arena_release(struct prov_qp *qp)
 	if (qp->fork_ctr == __atomic_load_n(&ar_forks, __ATOMIC_RELAXED)) {
 		w = __atomic_load_n(wp, __ATOMIC_ACQUIRE);
 		do {
-			nw = w & ~qp->slot_bit;
-			/* the client's end before the server took it: the
-			 * slot waits for the accept (or the arena's end) */
-			if (qp->slot_bit == ARENA_C && !(w & ARENA_S))
-				nw |= ARENA_P;
+			if (qp->slot_bit == ARENA_S)
+				/* the client's end still holds it: tell it */
+				nw = (w & ~ARENA_S) | (w & ARENA_C ? ARENA_D : 0);
+			else if (w & (ARENA_S | ARENA_D) || !qp->slot_sent)
+				nw = w & ~(ARENA_C | ARENA_D);
+			else
+				/* our REQ is out and the server has not taken
+				 * the slot: it waits for the accept (or the
+				 * arena's end) */
+				nw = (w & ~ARENA_C) | ARENA_P;
 		} while (!__atomic_compare_exchange_n(wp, &w, nw, 0,
 						      __ATOMIC_ACQ_REL,
 						      __ATOMIC_ACQUIRE));
@@ -962,6 +971,11 @@ int shm_arena_connect(uint32_t key, uint32_t ring_size, uint32_t qdepth,
 	*slot = (uint32_t)i;
 	*srv_evfd = qp->peer_evfd;
 	return 0;
+}
+
+void shm_arena_sent(struct prov_qp *qp)
+{
+	qp->slot_sent = 1;
 }
 
 /* The server's arena for memfd, found by the memfd's inode, or checked
