@@ -327,8 +327,9 @@ def test_arena_slots_are_reused() -> None:
     are slots of one arena that are freed and reused, so this process maps the
     arena's header and one chunk (64 slots) as the client and as the server, no
     more, and no fd but the arena's is left (rsock only: TCP has no rings)."""
-    import rsock
     from support import connected_pair
+
+    import rsock
 
     def arena_maps() -> int:
         with open("/proc/self/maps") as f:
