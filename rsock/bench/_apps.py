@@ -59,7 +59,7 @@ EXIT_FAILED = 1
 class AppCase:
     name: str
     title: str
-    unit: str  # "req/s", "RT/s", "msg/s" (count / s) or "MB/s" (bytes / s)
+    unit: str  # "req/s", "RT/s", "msg/s", "conn/s" (count / s) or "MB/s" (bytes / s)
     modules: tuple[str, ...]  # must be importable, else the case is skipped
     server: tuple[str, ...]  # a program of apps/ and its arguments, or ("-m", "uvicorn", ...)
     client: str
@@ -84,14 +84,20 @@ CASES = (
             ("aiohttp_server.py",), "aiohttp_client.py", "stream"),
     AppCase("uvicorn-keepalive", "uvicorn(uvloop)+httpx keep-alive small GET", "req/s",
             ("uvicorn", "uvloop", "httpx"), UVICORN, "httpx_client.py", "keepalive"),
+    AppCase("uvicorn-newconn", "uvicorn(uvloop)+httpx new-connection small GET", "req/s",
+            ("uvicorn", "uvloop", "httpx"), UVICORN, "httpx_client.py", "newconn"),
     AppCase("uvicorn-1mib", "uvicorn(uvloop)+httpx 1 MiB GET", "MB/s",
             ("uvicorn", "uvloop", "httpx"), UVICORN, "httpx_client.py", "big"),
     AppCase("tornado-rtt", "tornado TCPServer/IOStream 64 B round trips", "RT/s",
             ("tornado",), ("tornado_server.py",), "tornado_client.py", "rtt"),
+    AppCase("tornado-newconn", "tornado new connection per 64 B round trip", "conn/s",
+            ("tornado",), ("tornado_server.py",), "tornado_client.py", "newconn"),
     AppCase("websockets-64b", "websockets 64 B messages (echoed)", "msg/s", ("websockets",),
             ("websockets_server.py",), "websockets_client.py", "small"),
     AppCase("websockets-1mib", "websockets 1 MiB echo", "MB/s", ("websockets",),
             ("websockets_server.py",), "websockets_client.py", "big"),
+    AppCase("websockets-newconn", "websockets new connection per 64 B message", "conn/s",
+            ("websockets",), ("websockets_server.py",), "websockets_client.py", "newconn"),
 )  # fmt: skip
 BY_NAME = {c.name: c for c in CASES}
 

@@ -1,8 +1,9 @@
 """httpx, as its documentation shows: a keep-alive ``httpx.Client`` against an ASGI app
 under uvicorn (no rsock import).
 
-``httpx_client.py PORT MODE SECONDS WARMUP``; MODE: keepalive (GET /small) or big
-(GET /big, 1 MiB).  Runs WARMUP seconds, then SECONDS seconds, and prints one JSON
+``httpx_client.py PORT MODE SECONDS WARMUP``; MODE: keepalive (GET /small), newconn
+(GET /small on a client that keeps no connection alive: a new connection per request)
+or big (GET /big, 1 MiB).  Runs WARMUP seconds, then SECONDS seconds, and prints one JSON
 line: requests, body bytes, elapsed."""
 
 import json
@@ -28,9 +29,10 @@ def loop(client: httpx.Client, url: str, want: bytes, seconds: float) -> dict[st
 
 
 def main(port: int, mode: str, seconds: float, warmup: float) -> None:
-    path, want = ("/small", b"hello") if mode == "keepalive" else ("/big", BIG)
+    path, want = ("/big", BIG) if mode == "big" else ("/small", b"hello")
     url = f"http://127.0.0.1:{port}{path}"
-    with httpx.Client() as client:
+    limits = httpx.Limits(max_keepalive_connections=0 if mode == "newconn" else 20)
+    with httpx.Client(limits=limits) as client:
         loop(client, url, want, warmup)
         result = loop(client, url, want, seconds)
     print(json.dumps(result), flush=True)

@@ -2,8 +2,9 @@
 rsock import).
 
 ``tornado_client.py PORT MODE SECONDS WARMUP``; MODE: rtt (64-byte lines, each echoed
-before the next is sent).  Runs WARMUP seconds, then SECONDS seconds, and prints one
-JSON line: round trips, bytes sent, elapsed."""
+before the next is sent) or newconn (a new connection per line: connect, one round
+trip, close).  Runs WARMUP seconds, then SECONDS seconds, and prints one JSON line:
+round trips, bytes sent, elapsed."""
 
 import asyncio
 import json
@@ -28,8 +29,29 @@ async def loop(stream: tornado.iostream.IOStream, seconds: float) -> dict[str, f
             return {"count": count, "bytes": count * len(LINE), "elapsed": elapsed}
 
 
+async def newconn(
+    client: tornado.tcpclient.TCPClient, port: int, seconds: float
+) -> dict[str, float]:
+    count = 0
+    start = time.perf_counter()
+    while True:
+        stream = await client.connect("127.0.0.1", port)
+        await stream.write(LINE)
+        assert await stream.read_until(b"\n") == LINE
+        stream.close()
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return {"count": count, "bytes": count * len(LINE), "elapsed": elapsed}
+
+
 async def main(port: int, mode: str, seconds: float, warmup: float) -> None:
-    assert mode == "rtt", mode
+    assert mode in ("rtt", "newconn"), mode
+    if mode == "newconn":
+        client = tornado.tcpclient.TCPClient()
+        await newconn(client, port, warmup)
+        print(json.dumps(await newconn(client, port, seconds)), flush=True)
+        return
     stream = await tornado.tcpclient.TCPClient().connect("127.0.0.1", port)
     await loop(stream, warmup)
     result = await loop(stream, seconds)

@@ -1,7 +1,8 @@
 """A websockets client, as its documentation shows (no rsock import).
 
 ``websockets_client.py PORT MODE SECONDS WARMUP``; MODE: small (64-byte binary
-messages) or big (1 MiB), each echoed by the server before the next is sent.  Runs
+messages) or big (1 MiB), each echoed by the server before the next is sent, or newconn
+(a new connection per 64-byte message: opening handshake, one echo, closing handshake).  Runs
 WARMUP seconds, then SECONDS seconds, and prints one JSON line: messages, bytes
 (one direction), elapsed."""
 
@@ -27,7 +28,24 @@ async def loop(ws: ClientConnection, message: bytes, seconds: float) -> dict[str
             return {"count": count, "bytes": count * len(message), "elapsed": elapsed}
 
 
+async def newconn(port: int, message: bytes, seconds: float) -> dict[str, float]:
+    count = 0
+    start = time.perf_counter()
+    while True:
+        async with connect(f"ws://127.0.0.1:{port}") as ws:
+            await ws.send(message)
+            assert await ws.recv() == message
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return {"count": count, "bytes": count * len(message), "elapsed": elapsed}
+
+
 async def main(port: int, mode: str, seconds: float, warmup: float) -> None:
+    if mode == "newconn":
+        await newconn(port, BIG[:64], warmup)
+        print(json.dumps(await newconn(port, BIG[:64], seconds)), flush=True)
+        return
     message = BIG[:64] if mode == "small" else BIG
     async with connect(f"ws://127.0.0.1:{port}", max_size=4 * 1024 * 1024) as ws:
         await loop(ws, message, warmup)
