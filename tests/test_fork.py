@@ -151,3 +151,33 @@ def test_parent_polling_after_fork_sees_new_data(
         if child == "lives":
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("data", ["before-fork", "after-fork"])
+def test_first_poll_after_fork_sees_data(
+    sockmod: ModuleType, pair: tuple[Any, Any], data: str
+) -> None:
+    """A connection whose fd is first polled after a fork (a client whose server
+    thread forked a handler in between, as ForkingTCPServer's tests do): the peer's
+    data wakes select(), whether it came before or after the fork.  (rsock: the
+    poll came after the fork, so it only noted what to watch and nobody told the
+    watcher; select() then waited out its whole timeout, seen in CPython's
+    test_socketserver.test_ForkingTCPServer.)"""
+    import select
+
+    a, b = pair
+    if data == "before-fork":
+        b.sendall(b"hello")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    if data == "after-fork":
+        threading.Timer(0.2, b.sendall, (b"hello",)).start()
+    r, _, _ = select.select([a], [], [], 10)
+    assert r == [a], "the data never made the fd readable"
+    assert recv_exact(a, 5) == b"hello"
+    b.shutdown(socket.SHUT_WR)
+    assert select.select([a], [], [], 10)[0] == [a]
+    assert a.recv(10) == b""

@@ -676,6 +676,7 @@ static int eng_note_unowned(rsk_sock *s, int *field, int v)
 	if (!s->closed && eng_forked(s) && !eng_owned(s)) {
 		*field = v;
 		noted = 1;
+		eng_watch_unowned(s);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return noted;

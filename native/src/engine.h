@@ -180,6 +180,8 @@ void eng_sync_pair(rsk_sock *s);
 void eng_sync_fd(rsk_sock *s);
 int eng_want_wake(const rsk_sock *s);
 int eng_watch_add(rsk_sock *s);
+/* A crossed, unclaimed connection polled here: see readiness.c. */
+void eng_watch_unowned(rsk_sock *s);
 void eng_watch_del(rsk_sock *s);
 void eng_watch_forget(rsk_sock *s);
 

@@ -320,6 +320,27 @@ out:
 	return rc;
 }
 
+/*
+ * A connection that crossed a fork, that nobody has claimed since, polled
+ * through fileno() here (s->lock held): polling is no use of it, so it is
+ * not claimed, but the poller must learn that there is something to look
+ * at (its first real call then claims it), whenever the fork came: the
+ * watcher is told of the peer's writes (registered, and the QP armed;
+ * arming is no use either: whoever claims it arms as it needs), and what
+ * is already there shows at once.
+ */
+void eng_watch_unowned(rsk_sock *s)
+{
+	if (s->kind != K_CONN || s->released || s->closed ||
+	    !(s->watch & RSK_WATCH_FD) || s->fb < 0 || !eng_unclaimed(s))
+		return;
+	if (s->wslot < 0 && eng_watch_add(s))
+		return; /* no thread: fa stays as it is */
+	s->p.ops->arm(s->p.qp);
+	if (s->p.ops->cq_pending(s->p.qp))
+		eng_fd_token(s);
+}
+
 /* Unregisters s (s->lock held, before its fds close). */
 void eng_watch_del(rsk_sock *s)
 {

@@ -137,6 +137,8 @@ int rsk_fileno(rsk_sock *s)
 		/* made now: show the state it must (as eng_leave does) */
 		if (rc >= 0 && !s->closed && (!eng_forked(s) || eng_owned(s)))
 			eng_sync_fd(s);
+		else if (rc >= 0)
+			eng_watch_unowned(s);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return rc;
