@@ -440,6 +440,7 @@ class _Core:
         "rv",
         "shared",
         "kopts",
+        "listen_addr",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
@@ -470,6 +471,9 @@ class _Core:
         # another process: _reduce_for_child), by name; listen() adopts them
         self.rv: dict[bytes, int] = {}
         self.shared = False  # rv (or the listener's fds) handed to another process
+        # a listener's own address (getsockname of its kernel socket), read at
+        # its first accept: it cannot change after listen()
+        self.listen_addr: tuple[Any, ...] | None = None
 
     def acquire(self) -> None:
         with self.lock:
@@ -1136,7 +1140,9 @@ class socket:
                 return self._on_tcp(conn), addr
             raise self._fail(rc, timeout, detail=False)
         assert nh is not None
-        mine = self._reserve().getsockname()
+        mine = self._core.listen_addr
+        if mine is None:
+            mine = self._core.listen_addr = self._reserve().getsockname()
         peer, local = _paths.accepted_addrs(self._family, mine, peer, local)
         sock = socket._accepted(self, nh, peer, local)
         _tally(f"accept:{sock._provider_name}")

@@ -306,13 +306,15 @@ static int cm_fault_wrap(struct cm_result *res)
  * segment of its own (then *srv_memfd and *srv_evfd are -1).  On the
  * arena, *slot and *gen name the slot, and *memfd and *srv_evfd are the
  * arena's and the server's (kept by the arena and the QP). */
-static int cm_make_qp(const struct rsk_opts *o, uint32_t key,
+static int cm_make_qp(const struct rsk_opts *o, uint32_t key, uint64_t name,
 		      struct cm_result *res, int *memfd, int *srv_evfd,
 		      uint32_t *slot, uint32_t *gen)
 {
 	uint32_t i;
 	int rc;
 
+	if (res->qp) /* (claimed before the connect: see cm_local_connect) */
+		goto post;
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
 	res->ops = &shm_ops;
@@ -320,13 +322,14 @@ static int cm_make_qp(const struct rsk_opts *o, uint32_t key,
 	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
 	if (rc < 0)
 		return rc;
-	rc = key ? shm_arena_connect(key, o->ring_size, o->qdepth, &res->qp,
-				     memfd, slot, gen, srv_evfd)
+	rc = key ? shm_arena_connect(key, name, o->ring_size, o->qdepth,
+				     &res->qp, memfd, slot, gen, srv_evfd)
 		 : -ENOENT;
 	if (rc) /* no arena (whatever the reason): a segment of its own */
 		rc = shm_qp_create(o->ring_size, o->qdepth, &res->qp);
 	if (rc < 0)
 		return rc;
+post:
 	for (i = 0; i < o->qdepth; i++) {
 		rc = shm_ops.post_recv(res->qp, PROV_WRID_RECV | i);
 		if (rc) {
@@ -337,6 +340,16 @@ static int cm_make_qp(const struct rsk_opts *o, uint32_t key,
 	}
 	res->area = shm_qp_area(res->qp);
 	return 0;
+}
+
+/* FNV-1a of a rendezvous name: which arena served it last. */
+static uint64_t cm_name_hash(const char *name, size_t len)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	while (len--)
+		h = (h ^ (uint8_t)*name++) * 0x100000001b3ull;
+	return h;
 }
 
 static void cm_fill(struct cm_msg *m, int kind, const struct rsk_opts *o)
@@ -512,8 +525,9 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	struct cm_msg req;
 	socklen_t len;
 	int fd, rc, srv_memfd = -1, srv_evfd = -1, fds[CM_REQ_FDS];
-	int blocking = 0, nfds, kind;
+	int blocking = 0, nfds, kind, qp_evfd;
 	uint32_t pid = 0, slot = 0, gen = 0;
+	uint64_t name;
 
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
@@ -536,6 +550,17 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		close(fd);
 		return rc;
 	}
+	/* A slot of the arena that served this name last, claimed before
+	 * the connect so that the REQ follows it at once (a listener that
+	 * wakes for the connection then finds it ready to accept, as a TCP
+	 * listener's readiness means); checked against the server's pid
+	 * after.  (None yet, or RSOCK_FAULT malformed: made after.) */
+	name = cm_name_hash(d->name, d->namelen);
+	fds[0] = qp_evfd = -1;
+	if (fault_config() >= 0 &&
+	    shm_arena_connect(0, name, o->ring_size, o->qdepth, &res->qp,
+			      &fds[0], &slot, &gen, &qp_evfd) == 0)
+		res->ops = &shm_ops;
 	for (;;) {
 		if (connect(fd, (struct sockaddr *)&sa, len) == 0)
 			break;
@@ -592,7 +617,12 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	 * that process, or else segments of their own: made right after the
 	 * connect, so that the REQ follows at once (a listener that wakes
 	 * for the connection gives it a moment: cm_req_soon). */
-	rc = cm_make_qp(o, pid, res, &fds[0], &srv_evfd, &slot, &gen);
+	if (res->qp && !shm_arena_key_ok(res->qp, pid)) {
+		/* another process serves the name now */
+		shm_ops.destroy(res->qp);
+		res->qp = NULL;
+	}
+	rc = cm_make_qp(o, pid, name, res, &fds[0], &qp_evfd, &slot, &gen);
 	if (rc)
 		goto out;
 	nfds = CM_SLOT_FDS;
@@ -608,8 +638,7 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		nfds = CM_REQ_FDS;
 		kind = CM_REQ;
 	} else {
-		fds[2] = srv_evfd; /* the QP's */
-		srv_evfd = -1;
+		fds[2] = qp_evfd; /* the QP's */
 	}
 	fds[1] = shm_qp_evfd(res->qp);
 	cm_fill(&req, kind, o);

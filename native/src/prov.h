@@ -135,10 +135,15 @@ void shm_qp_drop_memfd(struct prov_qp *qp);
  * server key (its pid) and geometry, made if needed, with both halves
  * initialised (the server's receives posted, ours not) and both eventfds
  * made: *memfd (the arena's, still ours), *slot, *gen and *srv_evfd (the
- * qp's) go in the REQ.  0 or -errno. */
-int shm_arena_connect(uint32_t key, uint32_t ring_size, uint32_t qdepth,
-		      struct prov_qp **out, int *memfd, uint32_t *slot,
-		      uint32_t *gen, int *srv_evfd);
+ * qp's) go in the REQ.  name (a hash of the rendezvous name) is recorded;
+ * with key 0 (before the connect tells the server's pid) the slot comes
+ * only from the arena that served that name last, else -ENOENT; then
+ * shm_arena_key_ok says whether it is the server's after all.  0 or
+ * -errno. */
+int shm_arena_connect(uint32_t key, uint64_t name, uint32_t ring_size,
+		      uint32_t qdepth, struct prov_qp **out, int *memfd,
+		      uint32_t *slot, uint32_t *gen, int *srv_evfd);
+int shm_arena_key_ok(struct prov_qp *qp, uint32_t key);
 /* The client's REQ_SLOT for qp went out: from now on, closing before the
  * server took the slot leaves it to the server (ARENA_P), not free. */
 void shm_arena_sent(struct prov_qp *qp);

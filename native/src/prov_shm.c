@@ -304,7 +304,10 @@ static int evfd_checked(int evfd)
 	if (!is_eventfd(evfd))
 		return -EPROTO;
 	fl = fcntl(evfd, F_GETFL);
-	if (fl < 0 || fcntl(evfd, F_SETFL, fl | O_NONBLOCK) < 0)
+	if (fl < 0)
+		return -errno;
+	/* (the peer made it non-blocking, as ours makes them: one call) */
+	if (!(fl & O_NONBLOCK) && fcntl(evfd, F_SETFL, fl | O_NONBLOCK) < 0)
 		return -errno;
 	return 0;
 }
@@ -639,6 +642,7 @@ struct shm_arena {
 	size_t half;
 	int fd;        /* the client's: sent with every REQ (server: -1) */
 	uint32_t key;  /* the client's: the server's pid */
+	uint64_t name; /* the client's: the rendezvous name it last served */
 	dev_t dev;     /* the server's: the memfd's identity */
 	ino_t ino;
 	unsigned refs; /* QPs in this process using it */
@@ -898,22 +902,26 @@ static void ar_half_init(uint8_t *base, uint32_t ring_size, uint32_t qdepth,
 }
 
 /* A slot for the client, in an arena of key's (grown, or made, if none
- * has a free slot); ar_lock held.  Its number, or -errno. */
-static int ar_take(uint32_t key, uint32_t ring_size, uint32_t qdepth,
-		   struct shm_arena **out, uint32_t *gen)
+ * has a free slot); with key 0, only in an arena that served the name
+ * last (-ENOENT if none has a free slot).  ar_lock held.  Its number, or
+ * -errno. */
+static int ar_take(uint32_t key, uint64_t name, uint32_t ring_size,
+		   uint32_t qdepth, struct shm_arena **out, uint32_t *gen)
 {
 	struct shm_arena *a, *room = NULL;
 	int i, rc;
 
 	for (a = ar_client; a; a = a->next) {
-		if (a->key != key || a->ring_size != ring_size ||
-		    a->qdepth != qdepth)
+		if ((key ? a->key != key : a->name != name) ||
+		    a->ring_size != ring_size || a->qdepth != qdepth)
 			continue;
 		if ((i = ar_claim(a, gen)) >= 0)
 			goto got;
 		if (!room && a->nchunks < ARENA_MAX_CHUNKS)
 			room = a;
 	}
+	if (!key)
+		return -ENOENT;
 	a = room;
 	if (!a && !(a = ar_create(key, ring_size, qdepth, &rc)))
 		return rc;
@@ -923,13 +931,19 @@ static int ar_take(uint32_t key, uint32_t ring_size, uint32_t qdepth,
 		return -EAGAIN; /* (another process took the whole chunk) */
 got:
 	a->refs++;
+	a->name = name;
 	*out = a;
 	return i;
 }
 
-int shm_arena_connect(uint32_t key, uint32_t ring_size, uint32_t qdepth,
-		      struct prov_qp **out, int *memfd, uint32_t *slot,
-		      uint32_t *gen, int *srv_evfd)
+int shm_arena_key_ok(struct prov_qp *qp, uint32_t key)
+{
+	return qp->arena && qp->arena->key == key;
+}
+
+int shm_arena_connect(uint32_t key, uint64_t name, uint32_t ring_size,
+		      uint32_t qdepth, struct prov_qp **out, int *memfd,
+		      uint32_t *slot, uint32_t *gen, int *srv_evfd)
 {
 	struct prov_qp *qp = NULL;
 	struct shm_arena *a = NULL;
@@ -951,7 +965,7 @@ int shm_arena_connect(uint32_t key, uint32_t ring_size, uint32_t qdepth,
 	}
 	pthread_mutex_lock(&ar_lock);
 	ar_sweep(&ar_client, 0, ar_now());
-	i = ar_take(key, ring_size, qdepth, &a, gen);
+	i = ar_take(key, name, ring_size, qdepth, &a, gen);
 	pthread_mutex_unlock(&ar_lock);
 	if (i < 0) {
 		shm_destroy(qp);
