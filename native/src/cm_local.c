@@ -201,7 +201,8 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 
 	for (i = 0; i < CM_REQ_FDS; i++)
 		fds[i] = -1;
-	for (;;) {
+	/* (no wait: recvmsg says at once whether a message is there) */
+	while (timeout_ms) {
 		rc = poll(&pfd, 1, eng_ms_left(deadline));
 		if (rc > 0)
 			break;
@@ -217,7 +218,7 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 					     (peek ? MSG_PEEK : 0));
 	while (n < 0 && errno == EINTR);
 	if (n < 0)
-		return -errno;
+		return errno == EAGAIN ? -ETIMEDOUT : -errno;
 	for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		size_t k;
 
