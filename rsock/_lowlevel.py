@@ -197,6 +197,14 @@ def set_opts(h: Handle, opts: Opts) -> int:
     return int(lib.rsk_set_opts(h.ptr, o))
 
 
+def set_opt(h: Handle, field: str, value: int) -> int:
+    """One of rsk_opts' fields set, the others as they are (no Opts made)."""
+    o = ffi.new("struct rsk_opts *")
+    lib.rsk_get_opts(h.ptr, o)
+    setattr(o, field, value)
+    return int(lib.rsk_set_opts(h.ptr, o))
+
+
 def detail(h: Handle) -> str:
     return str(ffi.string(lib.rsk_detail(h.ptr)).decode("utf-8", "replace"))
 

@@ -386,7 +386,8 @@ def _kopt_set(
     value: Any,
     optlen: int | None,
 ) -> None:
-    if optlen is None and type(value) is int and (level, name) in _KOPT_FLAGS:
+    if optlen is None and type(value) in (int, bool) and (level, name) in _KOPT_FLAGS:
+        # (aiohttp sets TCP_NODELAY to True: a bool is an int to the kernel)
         if -(1 << 31) <= value < (1 << 31):  # else the stdlib's OverflowError, below
             kopts[(level, name)] = (1 if value else 0).to_bytes(4, sys.byteorder)
             return
@@ -1007,11 +1008,10 @@ class socket:
             raise OSError(_errno.ENOPROTOOPT, "Protocol not available")
         if v < 0:
             raise OSError(_errno.EINVAL, "Invalid argument")
-        cur = _ll.get_opts(h)
-        if optname == RSOCK_INLINE and core.connected and v != cur.inline_max:
+        if optname == RSOCK_INLINE and core.connected and v != _ll.get_opts(h).inline_max:
             # the engine keeps the inline size it connected with
             raise OSError(_errno.EISCONN, "Transport endpoint is already connected")
-        rc = _ll.set_opts(h, dataclasses.replace(cur, **{field: v}))
+        rc = _ll.set_opt(h, field, v)
         if rc < 0:
             raise _ll.oserror(rc)
         if optname == RSOCK_RING_SIZE:
