@@ -39,6 +39,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -495,11 +496,18 @@ static int shm_armed(struct prov_qp *qp)
 	return __atomic_load_n(&qp->l.hdr->armed, __ATOMIC_ACQUIRE) != 0;
 }
 
+/* Our notify eventfd was made by the peer (or handed to it), which shares
+ * its file flags: it could turn O_NONBLOCK off and drain the count under
+ * us.  RWF_NOWAIT makes this read non-blocking whatever the flags say
+ * (Linux 5.12 and later; before, the O_NONBLOCK evfd_checked set). */
 static void shm_ack(struct prov_qp *qp)
 {
 	eventfd_t v;
+	struct iovec iov = { .iov_base = &v, .iov_len = sizeof(v) };
 
-	(void)eventfd_read(qp->evfd, &v);
+	if (preadv2(qp->evfd, &iov, 1, -1, RWF_NOWAIT) < 0 &&
+	    (errno == EOPNOTSUPP || errno == EINVAL))
+		(void)eventfd_read(qp->evfd, &v);
 }
 
 static void shm_kick(struct prov_qp *qp)
