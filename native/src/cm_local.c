@@ -537,12 +537,6 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	rc = cm_addr(d->name, d->namelen, &sa, &len);
 	if (rc)
 		return rc;
-	/* Non-blocking first (the usual case: the backlog has room, and it
-	 * costs nothing more).  If the backlog is full and we may wait, the
-	 * socket turns blocking: the kernel sleeps in connect() until accept()
-	 * makes room (no polling), bounded by SO_SNDTIMEO, and a signal ends
-	 * the wait with -EINTR, so that the caller runs its handlers and
-	 * tries again.  It is non-blocking again once connected. */
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
@@ -562,6 +556,12 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	    shm_arena_connect(0, name, o->ring_size, o->qdepth, &res->qp,
 			      &fds[0], &slot, &gen, &qp_evfd) == 0)
 		res->ops = &shm_ops;
+	/* Non-blocking first (the usual case: the backlog has room, and it
+	 * costs nothing more).  If the backlog is full and we may wait, the
+	 * socket turns blocking: the kernel sleeps in connect() until accept()
+	 * makes room (no polling), bounded by SO_SNDTIMEO, and a signal ends
+	 * the wait with -EINTR, so that the caller runs its handlers and
+	 * tries again.  It is non-blocking again once connected. */
 	for (;;) {
 		if (connect(fd, (struct sockaddr *)&sa, len) == 0)
 			break;
