@@ -336,12 +336,26 @@ out:
 	return rc;
 }
 
+/* A half the peer created is ours now: the creator posted all our
+ * receives; everything else in the header is ours to (re)set, whatever
+ * the creator left there. */
+static void qp_take_posted(struct prov_qp *qp, uint32_t qdepth)
+{
+	uint32_t i;
+
+	for (i = 0; i < qdepth; i++)
+		qp->rq_wrid[i] = PROV_WRID_RECV | i;
+	qp->rq_prod = qdepth;
+	__atomic_store_n(&qp->l.hdr->rq_prod, qdepth, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->cq_cons, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELEASE);
+}
+
 int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
 		 struct prov_qp **out)
 {
 	struct prov_qp *qp = NULL;
 	uint8_t *base;
-	uint32_t i;
 	int rc;
 
 	rc = evfd_checked(evfd);
@@ -358,14 +372,7 @@ int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
 	seg_layout(&qp->l, base, ring_size, qdepth);
 	close(memfd);
 	qp->evfd = evfd;
-	/* the creator posted all our receives; everything else in the
-	 * header is ours to (re)set, whatever the creator left there */
-	for (i = 0; i < qdepth; i++)
-		qp->rq_wrid[i] = PROV_WRID_RECV | i;
-	qp->rq_prod = qdepth;
-	__atomic_store_n(&qp->l.hdr->rq_prod, qdepth, __ATOMIC_RELEASE);
-	__atomic_store_n(&qp->l.hdr->cq_cons, 0, __ATOMIC_RELEASE);
-	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELEASE);
+	qp_take_posted(qp, qdepth);
 	*out = qp;
 	return 0;
 out:
@@ -1066,7 +1073,7 @@ int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
 {
 	struct prov_qp *qp = NULL;
 	struct shm_arena *a = NULL;
-	uint32_t w = gen | ARENA_C, i;
+	uint32_t w = gen | ARENA_C;
 	uint8_t *base;
 	int rc;
 
@@ -1117,13 +1124,7 @@ int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
 		shm_destroy(qp);
 		return -EPROTO;
 	}
-	/* as shm_qp_adopt: our receives were posted by the creator */
-	for (i = 0; i < qdepth; i++)
-		qp->rq_wrid[i] = PROV_WRID_RECV | i;
-	qp->rq_prod = qdepth;
-	__atomic_store_n(&qp->l.hdr->rq_prod, qdepth, __ATOMIC_RELEASE);
-	__atomic_store_n(&qp->l.hdr->cq_cons, 0, __ATOMIC_RELEASE);
-	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELEASE);
+	qp_take_posted(qp, qdepth); /* as shm_qp_adopt */
 	*out = qp;
 	return 0;
 out:

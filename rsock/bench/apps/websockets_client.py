@@ -10,35 +10,40 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 from websockets.asyncio.client import ClientConnection, connect
 
 BIG = bytes(range(256)) * 4096
 
 
-async def loop(ws: ClientConnection, message: bytes, seconds: float) -> dict[str, float]:
+async def timed(step: Callable[[], Awaitable[None]], size: int, seconds: float) -> dict[str, float]:
+    """Runs step (one echoed message of size bytes) for seconds."""
     count = 0
     start = time.perf_counter()
     while True:
-        await ws.send(message)
-        assert await ws.recv() == message
+        await step()
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(message), "elapsed": elapsed}
+            return {"count": count, "bytes": count * size, "elapsed": elapsed}
+
+
+async def echo(ws: ClientConnection, message: bytes) -> None:
+    await ws.send(message)
+    assert await ws.recv() == message
+
+
+async def loop(ws: ClientConnection, message: bytes, seconds: float) -> dict[str, float]:
+    return await timed(lambda: echo(ws, message), len(message), seconds)
 
 
 async def newconn(port: int, message: bytes, seconds: float) -> dict[str, float]:
-    count = 0
-    start = time.perf_counter()
-    while True:
+    async def step() -> None:
         async with connect(f"ws://127.0.0.1:{port}") as ws:
-            await ws.send(message)
-            assert await ws.recv() == message
-        count += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(message), "elapsed": elapsed}
+            await echo(ws, message)
+
+    return await timed(step, len(message), seconds)
 
 
 async def main(port: int, mode: str, seconds: float, warmup: float) -> None:
