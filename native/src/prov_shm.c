@@ -792,6 +792,14 @@ int shm_arena_trim(void)
 	return n;
 }
 
+/* A QP's reference to a given back (its idle time starts with the last);
+ * ar_lock held. */
+static void ar_put(struct shm_arena *a)
+{
+	if (!--a->refs)
+		a->idle_since = ar_now();
+}
+
 /* One end of a connection is done with its slot; ar_lock not held. */
 static void arena_release(struct prov_qp *qp)
 {
@@ -816,8 +824,7 @@ static void arena_release(struct prov_qp *qp)
 						      __ATOMIC_ACQUIRE));
 	}
 	pthread_mutex_lock(&ar_lock);
-	if (!--a->refs)
-		a->idle_since = ar_now();
+	ar_put(a);
 	pthread_mutex_unlock(&ar_lock);
 	qp->arena = NULL;
 	qp->l.base = qp->r.base = NULL; /* the arena's mapping */
@@ -1103,8 +1110,8 @@ int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
 					  gen | ARENA_S, 0, __ATOMIC_ACQ_REL,
 					  __ATOMIC_ACQUIRE)))
 		rc = -ECONNRESET;
-	if (rc && a && !--a->refs)
-		a->idle_since = ar_now();
+	if (rc && a)
+		ar_put(a);
 	pthread_mutex_unlock(&ar_lock);
 	if (rc)
 		goto out;
