@@ -656,6 +656,44 @@ def test_create_connection_local_addr_with_no_host(api: SimpleNamespace) -> None
     assert asyncio.run(main()) == "127.0.0.1"
 
 
+@pytest.mark.timeout_s(30)
+def test_numeric_hosts_skip_the_resolver_thread(api: SimpleNamespace) -> None:
+    """A numeric host is used as it is, as the loops use it: no
+    getaddrinfo in the loop's executor (a thread round per connection);
+    a name still goes there.  asyncio's loop only (uvloop resolves in
+    libuv's own pool, which no executor sees)."""
+    import concurrent.futures
+
+    class Counting(concurrent.futures.ThreadPoolExecutor):
+        calls = 0
+
+        def submit(self, *a: Any, **kw: Any) -> Any:
+            Counting.calls += 1
+            return super().submit(*a, **kw)
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(Counting(max_workers=1))
+        server = await api.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        for host in ("127.0.0.1", b"127.0.0.1"):
+            transport, _ = await api.create_connection(
+                asyncio.Protocol, host, str(port), local_addr=("127.0.0.1", 0)
+            )
+            assert transport.get_extra_info("peername") == ("127.0.0.1", port)
+            transport.close()
+        numeric = Counting.calls
+        transport, _ = await api.create_connection(asyncio.Protocol, "localhost", port)
+        transport.close()
+        server.close()
+        await server.wait_closed()
+        return numeric, Counting.calls - numeric
+
+    numeric, named = asyncio.run(main())
+    assert numeric == 0
+    assert named >= 1
+
+
 @pytest.mark.timeout_s(60)
 def test_loop_sendfile(api: SimpleNamespace, tmp_path: Any) -> None:
     """loop.sendfile() on a transport sends the file (rsock: asyncio's
