@@ -110,13 +110,14 @@ def test_msgrate_and_connrate(tmp_path: Path) -> None:
     rc, text, doc = bench(tmp_path, "--transport", "rsock,tcp,unix", "--tests", "msgrate,connrate")
     assert rc == 0, text
     assert "msgrate 64 B [sync]  msg/s" in text and "connrate [sync]  conn/s" in text
-    assert "msgrate 64 B [asyncio/" in text and "connrate [asyncio" not in text
+    assert "msgrate 64 B [asyncio/" in text and "connrate [asyncio/" in text
     cases = [(c["api"], c["test"], c["transport"], c["status"]) for c in doc["cases"]]
     ts = ("rsock", "tcp", "unix")
     assert cases == [
         *[("sync", "msgrate", t, "ok") for t in ts],
         *[("sync", "connrate", t, "ok") for t in ts],
         *[("asyncio", "msgrate", t, "ok") for t in ts],
+        *[("asyncio", "connrate", t, "ok") for t in ts],
     ]
     for c in doc["cases"]:
         if c["test"] == "msgrate":  # 64 B messages: every one fully verified

@@ -87,7 +87,7 @@ IDLE_LEAD_NS = 50_000_000  # idle: the window starts this long after the server 
 BLOCK = 128  # sampled verification: one BLOCK-byte block per message, a different one each time
 BULK = 65536  # msgrate bulk receive: bytes asked for per recv_into (netperf's -M)
 PATTERN_SEED = 0x52534F434B  # "RSOCK"
-SYNC_ONLY = ("connrate", "idle")  # tests without an asyncio variant
+SYNC_ONLY = ("idle",)  # tests without an asyncio variant
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -404,7 +404,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     if args.api == "asyncio":
         if args.test in SYNC_ONLY:
             raise ValueError(f"{args.test} runs with the sync api only")
-        return run_async(args, aserve)
+        return run_async(args, aserve_connrate if args.test == "connrate" else aserve)
     listener = new_socket(args.transport)
     if args.transport == "unix":
         listener.bind(args.addr)
@@ -832,6 +832,83 @@ async def aserve(args: argparse.Namespace) -> dict[str, Any]:
             if p.transport is not None:
                 p.transport.abort()
     return server_result(phases, {**info, **api_info(args)})
+
+
+class ConnrateServer(asyncio.Protocol):
+    """One connection of the asyncio connrate server: check and echo its
+    byte, then close (as ``serve_connrate``)."""
+
+    def __init__(self, state: dict[str, Any], done: asyncio.Future[dict[str, Any]]) -> None:
+        self.state = state
+        self.done = done
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        tr = self.transport
+        assert tr is not None
+        st = self.state
+        b = data[0]
+        tr.write(data[:1])
+        tr.close()
+        if b == QUIT or len(data) != 1:
+            if len(data) != 1:
+                st["nbad"] += 1
+            if not self.done.done():
+                self.done.set_result(transport_info(st["kind"], tr.get_extra_info("socket")))
+            return
+        if b != st["seq"] % 255:
+            if not st["nbad"]:
+                st["first_bad"] = st["seq"]
+            st["nbad"] += 1
+        st["seq"] += 1
+
+
+async def aserve_connrate(args: argparse.Namespace) -> dict[str, Any]:
+    """``serve_connrate`` on an event loop: the server's Protocol echoes
+    each connection's byte and closes, until the client's QUIT."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[dict[str, Any]] = loop.create_future()
+    st: dict[str, Any] = {"kind": args.transport, "seq": 0, "nbad": 0, "first_bad": -1}
+
+    def factory() -> ConnrateServer:
+        return ConnrateServer(st, done)
+
+    server: Any
+    if args.transport == "rsock":
+        server = await rsock_asyncio().create_server(factory, "127.0.0.1", 0, backlog=128)
+        addr = str(server.sockets[0].getsockname()[1])
+    elif args.transport == "unix":
+        server = await loop.create_unix_server(factory, args.addr, backlog=128)
+        addr = args.addr
+    else:
+        server = await loop.create_server(factory, "127.0.0.1", 0, backlog=128)
+        addr = str(server.sockets[0].getsockname()[1])
+    print(f"READY {addr}", flush=True)
+    c0 = cpu_seconds()
+    t0 = time.perf_counter_ns()
+    try:
+        info = await done
+    finally:
+        server.close()
+    t1 = time.perf_counter_ns()
+    result: dict[str, Any] = {
+        "ok": not st["nbad"],
+        "connections": st["seq"],
+        "ns": t1 - t0,
+        "cpu_s": cpu_seconds() - c0,
+        "nbad": st["nbad"],
+        **info,
+        **api_info(args),
+    }
+    if st["nbad"]:
+        result["verify_error"] = (
+            f"{st['nbad']} of {st['seq']} connections carried the wrong sequence byte; "
+            f"first: {st['first_bad']}"
+        )
+    return result
 
 
 # --------------------------------------------------------------------------- client
@@ -1278,11 +1355,89 @@ async def aend_session(proto: AsyncClient) -> None:
     await proto.read_exact(ACK.size)
 
 
+class ConnrateClient(asyncio.Protocol):
+    """One connection of the asyncio connrate client: send the byte, take
+    its echo, then the server's close."""
+
+    def __init__(self, b: int, closed: asyncio.Future[bytes]) -> None:
+        self.b = b
+        self.got = b""
+        self.closed = closed
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(bytes((self.b,)))
+
+    def data_received(self, data: bytes) -> None:
+        self.got += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            if exc is not None:
+                self.closed.set_exception(exc)
+            else:
+                self.closed.set_result(self.got)
+
+
+async def aclient_connrate(args: argparse.Namespace) -> dict[str, Any]:
+    """``client_connrate`` on an event loop: create_connection + 1-byte
+    echo + the server's close, in a loop (warm-up, then --reps phases)."""
+    loop = asyncio.get_running_loop()
+    info: dict[str, Any] = {}
+    seq = 0
+    if args.transport == "rsock":
+        create = rsock_asyncio().create_connection
+    elif args.transport != "unix":
+        create = loop.create_connection
+
+    async def one(b: int) -> None:
+        closed: asyncio.Future[bytes] = loop.create_future()
+
+        def factory() -> ConnrateClient:
+            return ConnrateClient(b, closed)
+
+        if args.transport == "unix":
+            tr, _ = await loop.create_unix_connection(factory, args.addr)
+        else:
+            tr, _ = await create(factory, "127.0.0.1", int(args.addr))
+        try:
+            if not info:
+                info.update(transport_info(args.transport, tr.get_extra_info("socket")))
+            got = await asyncio.wait_for(closed, 10.0)
+        finally:
+            tr.abort()  # (closed already: a no-op)
+        if got != bytes((b,)):
+            raise VerifyError(f"connection {seq}: echo {got!r} of byte {b}")
+
+    if args.fault == "hang":
+        await asyncio.sleep(10**6)
+    phases: list[dict[str, Any]] = []
+    plan = [("warmup", min(0.2, args.rep_time / 2))] + [("rep", args.rep_time)] * args.reps
+    for kind, secs in plan:
+        count = 0
+        c0 = cpu_seconds()
+        t0 = time.perf_counter_ns()
+        end = t0 + int(secs * 1e9)
+        while True:
+            await one(seq % 255)
+            seq += 1
+            count += 1
+            t1 = time.perf_counter_ns()
+            if t1 >= end:
+                break
+        phases.append({"kind": kind, "count": count, "ns": t1 - t0, "cpu_s": cpu_seconds() - c0})
+    await one(QUIT)
+    return {"ok": True, "phases": phases, "connections": seq, **info, **api_info(args)}
+
+
 async def aclient(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     cap = args.size if args.test == "pingpong" else ACK.size
     if args.test in SYNC_ONLY:
         raise ValueError(f"{args.test} runs with the sync api only")
+    if args.test == "connrate":
+        return await aclient_connrate(args)
 
     def factory() -> AsyncClient:
         return AsyncClient(args.transport, cap)
