@@ -131,6 +131,12 @@ class Watch:
             self._live = True
 
     def _on_live(self, loop: Any, on_ready: Callable[[], None]) -> None:
+        # What the ring holds first: a peer that closed wrote its FIN there
+        # before its liveness socket closed, and the caller, reading it,
+        # usually closes and disarms (then nothing is left to check)
+        on_ready()
+        if not self._live:
+            return
         # 0: not gone yet (a FIN may still come: verbs' CM hang-up can
         # overtake the last completions); the engine makes the fd readable
         # again when that grace ends, so it stays watched
@@ -138,7 +144,7 @@ class Watch:
             loop.remove_reader(self.live_fd)
             self._live = False
             self.live_fd = -1  # level-triggered hang-up: watch it no more
-        on_ready()
+            on_ready()
 
     def disarm(self, loop: Any, interest: int | None = None) -> None:
         """Removes the loop's readers; then, if the socket is still open and

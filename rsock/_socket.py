@@ -1110,20 +1110,38 @@ class socket:
         core.listening = True
 
     def accept(self) -> tuple[socket, Any]:
+        r = self._accept(False)
+        assert r is not None
+        return r
+
+    def _accept_nowait(self) -> tuple[socket, Any] | None:
+        """``accept()`` that does not wait, whatever the timeout, and returns
+        None where it would raise ``BlockingIOError`` (an event loop's
+        accept loop ends that way once per wake-up: no exception made)."""
+        return self._accept(True)
+
+    def _accept(self, nowait: bool) -> tuple[socket, Any] | None:
         if self._tcp is not None:
-            conn, addr = self._tcp.kernel().accept()
+            try:
+                conn, addr = self._tcp.kernel().accept()
+            except BlockingIOError:
+                if nowait:  # (with the socket's own timeout: non-blocking here)
+                    return None
+                raise
             _tally("accept:tcp")
             return self._on_tcp(conn), addr
         h = self._handle()
         if not self._core.listening:
             raise OSError(_errno.EINVAL, "Invalid argument")
-        timeout, deadline = self._clock()
+        timeout, deadline = (0.0, None) if nowait else self._clock()
         peer: tuple[Any, ...] | None = None
         local: tuple[Any, ...] | None = None
         while True:
             rc, nh, peer, local = self._attempt(_ll.accept, h, (), timeout, deadline)
             if rc >= 0:
                 break
+            if rc == -_errno.EAGAIN and nowait:
+                return None
             if rc == -_errno.EXDEV:
                 # a plain TCP client on our port
                 try:

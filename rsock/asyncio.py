@@ -50,11 +50,13 @@ _SCRATCH = 16 * 1024  # first read of a plain Protocol
 _ACCEPT_RETRY_DELAY = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
+_SPIN_ENV = os.fsencode("RSOCK_SPIN_US")  # as os.environ's backing dict holds it
 
 
 def _loop_spin(sock: socket) -> None:
     """No spinning on the loop thread unless the user asked for it."""
-    if "RSOCK_SPIN_US" in os.environ:
+    data = getattr(os.environ, "_data", None)  # (its keys encoded: no encode per call)
+    if _SPIN_ENV in data if type(data) is dict else "RSOCK_SPIN_US" in os.environ:
         return
     sock.setsockopt(SOL_RSOCK, RSOCK_SPIN_US, 0)
 
@@ -435,10 +437,15 @@ class RsockTransport(transports._FlowControlMixin):
         if self._closing:
             return
         self._closing = True
-        self._update_interest()
-        if not self._buffer:
-            self._conn_lost += 1
-            self._loop.call_soon(self._call_connection_lost, None)
+        if self._buffer:
+            self._update_interest()  # still writable interest: the flush ends it
+            return
+        # nothing left to send: no reader has anything to do any more (the
+        # peer's close would otherwise wake the loop once more on the
+        # liveness fd, and the engine's interest need not change first)
+        self._watch.disarm(self._loop)
+        self._conn_lost += 1
+        self._loop.call_soon(self._call_connection_lost, None)
 
     def abort(self) -> None:
         self._force_close(None)
@@ -547,7 +554,7 @@ class RsockServer(asyncio.AbstractServer):
     def _accept_ready(self, listener: socket) -> None:
         for _ in range(self._backlog):
             try:
-                conn, _addr = listener.accept()
+                got = listener._accept_nowait()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
@@ -562,6 +569,9 @@ class RsockServer(asyncio.AbstractServer):
                     self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accept, listener)
                     return
                 raise
+            if got is None:
+                return  # none left (no BlockingIOError made for it)
+            conn = got[0]
             kernel = conn.take_kernel()
             if kernel is not None:
                 # a plain TCP client on our port: the loop's own transport
