@@ -1115,9 +1115,11 @@ class socket:
         return r
 
     def _accept_nowait(self) -> tuple[socket, Any] | None:
-        """``accept()`` that does not wait, whatever the timeout, and returns
-        None where it would raise ``BlockingIOError`` (an event loop's
-        accept loop ends that way once per wake-up: no exception made)."""
+        """``accept()`` that does not wait for an rsock client, whatever the
+        timeout, and returns None where it would raise ``BlockingIOError``
+        (an event loop's accept loop ends that way once per wake-up: no
+        exception made).  On the TCP path the kernel socket's own timeout
+        applies (rsock.asyncio's listeners are non-blocking)."""
         return self._accept(True)
 
     def _accept(self, nowait: bool) -> tuple[socket, Any] | None:
