@@ -795,6 +795,26 @@ class AsyncServer(asyncio.BufferedProtocol):
             self.done.set_exception(exc or ConnectionError(f"peer closed the connection: {where}"))
 
 
+async def astart_server(
+    args: argparse.Namespace, factory: Callable[[], asyncio.BaseProtocol], backlog: int
+) -> Any:
+    """The server of the transport (the loop's own for tcp/unix, rsock.asyncio's
+    for rsock) on the running loop; prints READY with its address."""
+    loop = asyncio.get_running_loop()
+    server: Any
+    if args.transport == "rsock":
+        server = await rsock_asyncio().create_server(factory, "127.0.0.1", 0, backlog=backlog)
+        addr = str(server.sockets[0].getsockname()[1])
+    elif args.transport == "unix":
+        server = await loop.create_unix_server(factory, args.addr, backlog=backlog)
+        addr = args.addr
+    else:
+        server = await loop.create_server(factory, "127.0.0.1", 0, backlog=backlog)
+        addr = str(server.sockets[0].getsockname()[1])
+    print(f"READY {addr}", flush=True)
+    return server
+
+
 async def aserve(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     phases: list[dict[str, Any]] = []
@@ -807,17 +827,7 @@ async def aserve(args: argparse.Namespace) -> dict[str, Any]:
             connected.set_result(None)
         return protos[-1]
 
-    server: Any
-    if args.transport == "rsock":
-        server = await rsock_asyncio().create_server(factory, "127.0.0.1", 0, backlog=1)
-        addr = str(server.sockets[0].getsockname()[1])
-    elif args.transport == "unix":
-        server = await loop.create_unix_server(factory, args.addr, backlog=1)
-        addr = args.addr
-    else:
-        server = await loop.create_server(factory, "127.0.0.1", 0, backlog=1)
-        addr = str(server.sockets[0].getsockname()[1])
-    print(f"READY {addr}", flush=True)
+    server = await astart_server(args, factory, 1)
     try:
         await connected
         server.close()  # like the sync server: one connection, then no listener
@@ -876,17 +886,7 @@ async def aserve_connrate(args: argparse.Namespace) -> dict[str, Any]:
     def factory() -> ConnrateServer:
         return ConnrateServer(st, done)
 
-    server: Any
-    if args.transport == "rsock":
-        server = await rsock_asyncio().create_server(factory, "127.0.0.1", 0, backlog=128)
-        addr = str(server.sockets[0].getsockname()[1])
-    elif args.transport == "unix":
-        server = await loop.create_unix_server(factory, args.addr, backlog=128)
-        addr = args.addr
-    else:
-        server = await loop.create_server(factory, "127.0.0.1", 0, backlog=128)
-        addr = str(server.sockets[0].getsockname()[1])
-    print(f"READY {addr}", flush=True)
+    server = await astart_server(args, factory, 128)
     c0 = cpu_seconds()
     t0 = time.perf_counter_ns()
     try:
