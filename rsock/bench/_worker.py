@@ -67,7 +67,7 @@ import time
 import traceback
 import zlib
 from array import array
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
@@ -1097,6 +1097,35 @@ def client_stream(conn: StreamSocket, args: argparse.Namespace) -> dict[str, Any
     return {"ok": True, "phases": phases}
 
 
+class PhaseClock:
+    """One timed phase of a connrate client: ``tick()`` after each connection
+    says whether the phase's time is up; ``result()`` is its record."""
+
+    def __init__(self, kind: str, secs: float) -> None:
+        self.kind = kind
+        self.count = 0
+        self.c0 = cpu_seconds()
+        self.t0 = self.t1 = time.perf_counter_ns()
+        self.end = self.t0 + int(secs * 1e9)
+
+    def tick(self) -> bool:
+        self.count += 1
+        self.t1 = time.perf_counter_ns()
+        return self.t1 >= self.end
+
+    def result(self) -> dict[str, Any]:
+        ns = self.t1 - self.t0
+        return {"kind": self.kind, "count": self.count, "ns": ns, "cpu_s": cpu_seconds() - self.c0}
+
+
+def timed_phases(args: argparse.Namespace) -> Iterator[PhaseClock]:
+    """The connrate client's phases: a warm-up of min(0.2, --rep-time / 2) s,
+    then --reps of --rep-time s, each clock started as it is handed out."""
+    yield PhaseClock("warmup", min(0.2, args.rep_time / 2))
+    for _ in range(args.reps):
+        yield PhaseClock("rep", args.rep_time)
+
+
 def client_connrate(args: argparse.Namespace) -> dict[str, Any]:
     """connect + 1-byte echo + close in a loop: a warm-up, then --reps timed phases.
 
@@ -1124,20 +1153,13 @@ def client_connrate(args: argparse.Namespace) -> dict[str, Any]:
     if args.fault == "hang":
         time.sleep(10**6)
     phases: list[dict[str, Any]] = []
-    plan = [("warmup", min(0.2, args.rep_time / 2))] + [("rep", args.rep_time)] * args.reps
-    for kind, secs in plan:
-        count = 0
-        c0 = cpu_seconds()
-        t0 = time.perf_counter_ns()
-        end = t0 + int(secs * 1e9)
+    for clock in timed_phases(args):
         while True:
             one(seq % 255)
             seq += 1
-            count += 1
-            t1 = time.perf_counter_ns()
-            if t1 >= end:
+            if clock.tick():
                 break
-        phases.append({"kind": kind, "count": count, "ns": t1 - t0, "cpu_s": cpu_seconds() - c0})
+        phases.append(clock.result())
     one(QUIT)
     return {"ok": True, "phases": phases, "connections": seq, **info}
 
@@ -1413,20 +1435,13 @@ async def aclient_connrate(args: argparse.Namespace) -> dict[str, Any]:
     if args.fault == "hang":
         await asyncio.sleep(10**6)
     phases: list[dict[str, Any]] = []
-    plan = [("warmup", min(0.2, args.rep_time / 2))] + [("rep", args.rep_time)] * args.reps
-    for kind, secs in plan:
-        count = 0
-        c0 = cpu_seconds()
-        t0 = time.perf_counter_ns()
-        end = t0 + int(secs * 1e9)
+    for clock in timed_phases(args):
         while True:
             await one(seq % 255)
             seq += 1
-            count += 1
-            t1 = time.perf_counter_ns()
-            if t1 >= end:
+            if clock.tick():
                 break
-        phases.append({"kind": kind, "count": count, "ns": t1 - t0, "cpu_s": cpu_seconds() - c0})
+        phases.append(clock.result())
     await one(QUIT)
     return {"ok": True, "phases": phases, "connections": seq, **info, **api_info(args)}
 
