@@ -183,6 +183,10 @@ int eng_attach(rsk_sock *s, struct cm_result *res)
 	s->paddr = res->src;
 	res->qp = NULL;
 	res->live_fd = -1;
+	/* the peer was there a moment ago (it sent the REQ, or took it): a
+	 * sender's first look at the liveness channel is one tick from now,
+	 * not a poll at the connection's first send */
+	s->live_next = eng_now_ns() + LIVE_TICK_NS;
 	eng_fork_stamp(s, 0);
 	eng_fork_own(s);
 	s->kind = K_CONN;
