@@ -65,7 +65,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from rsock import _lowlevel as _ll
 from rsock import _socket as _rs
+from rsock._readiness import POLLIN, POLLOUT
 
 __all__ = ["patch", "unpatch", "is_patched", "counters"]
 
@@ -269,6 +271,9 @@ def is_patched() -> bool:
 # decides per call: rsock (rsock.asyncio, or the rsock-aware code below) or the
 # original method, called exactly as it was called.
 
+# a reader or writer on an rsock connection's fileno(): the notify fd instead
+_FD_METHODS = ("add_reader", "add_writer", "remove_reader", "remove_writer")
+
 _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
     "asyncio.base_events": {
         "BaseEventLoop": (
@@ -279,7 +284,7 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
         ),
     },
     "asyncio.selector_events": {
-        "BaseSelectorEventLoop": ("sock_connect", "sock_sendall"),
+        "BaseSelectorEventLoop": ("sock_connect", "sock_sendall", *_FD_METHODS),
     },
     "uvloop": {
         "Loop": (
@@ -289,6 +294,7 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
             "start_tls",
             "sock_connect",
             "sock_sendall",
+            *_FD_METHODS,
         ),
     },
 }
@@ -697,7 +703,7 @@ async def _resolved(loop: Any, sock: _rs.socket, address: Any) -> Any:
 def _wrap_sock_sendall(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     async def sock_sendall(self: Any, sock: Any, data: Any) -> None:
-        if not isinstance(sock, _rs.socket) or not _routable(self):
+        if not isinstance(sock, _rs.socket) or not _routable(self) or _routed(self, sock):
             return await original(self, sock, data)  # type: ignore[no-any-return]
         await _sock_sendall(self, sock, data)
 
@@ -770,6 +776,151 @@ async def _sock_sendall(loop: Any, sock: _rs.socket, data: Any) -> None:
             watch.disarm(loop, POLLIN)
 
 
+class _FdRoute:
+    """``loop.add_reader``/``add_writer`` on an rsock connection's
+    ``fileno()`` (tornado's IOStream waits that way).  The loops would poll
+    the fileno pair, which the engine's watcher thread keeps exact: one
+    thread wake-up more per event.  Instead the loop watches the notify fd
+    (the engine keeps it readable while the connection is ready for the
+    readers' and writers' events) and the liveness fd, as rsock.asyncio's
+    transport does, and runs the reader and the writer the connection is
+    ready for, level-triggered as the loops run them."""
+
+    __slots__ = ("loop", "fd", "sock", "watch", "reader", "writer")
+
+    def __init__(self, loop: Any, fd: int, sock: _rs.socket) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.sock = sock
+        self.watch = sock.watch()
+        self.watch.start()  # OSError: not a connection
+        sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed
+        self.reader: Any = None
+        self.writer: Any = None
+
+    def set(self, writer: bool, handle: Any) -> bool:
+        """Replaces the reader (or writer) with ``handle`` (None: removes
+        it); whether there was one.  The last one gone ends the route."""
+        old = self.writer if writer else self.reader
+        if old is not None:
+            old.cancel()
+        if writer:
+            self.writer = handle
+        else:
+            self.reader = handle
+        interest = (POLLIN if self.reader else 0) | (POLLOUT if self.writer else 0)
+        if interest:
+            self.watch.arm(self.loop, self._ready, interest)
+        else:
+            self.watch.disarm(self.loop, POLLIN)  # (as sock_sendall leaves it)
+            if self.watch.is_open():
+                self.sock._loop_watches_fd(False)
+            if _fd_routes.get((id(self.loop), self.fd)) is self:
+                del _fd_routes[(id(self.loop), self.fd)]
+        return old is not None
+
+    def _ready(self) -> None:
+        rev = _ll.poll(self.watch.handle) if self.watch.is_open() else POLLIN | POLLOUT
+        r, w = self.reader, self.writer
+        if r is not None and rev & _READABLE and not r.cancelled():
+            r._run()
+        if w is not None and w is self.writer and rev & _WRITABLE and not w.cancelled():
+            w._run()
+
+
+_READABLE = _ll.POLLIN | _ll.POLLERR | _ll.POLLHUP
+_WRITABLE = _ll.POLLOUT | _ll.POLLERR | _ll.POLLHUP
+# (id(loop), fd) -> the route of that fileno() on that loop
+_fd_routes: dict[tuple[int, int], _FdRoute] = {}
+# (id(loop), fd) of the rsock filenos the loop itself watches (added before
+# they could be routed), with which of reader/writer: while one is there,
+# the other stays the loop's too (fileno() is kept exact for them)
+_fd_native: dict[tuple[int, int], set[bool]] = {}
+
+
+def _fd_of(fileobj: Any) -> int:
+    if isinstance(fileobj, int):
+        return fileobj
+    try:
+        return int(fileobj.fileno())
+    except (AttributeError, TypeError, ValueError):
+        return -1
+
+
+def _route(loop: Any, fileobj: Any, make: bool) -> _FdRoute | None:
+    """The route of ``fileobj`` (an rsock connection or its fileno()) on
+    ``loop``, made if ``make`` and possible; None: the loop's own way."""
+    fd = _fd_of(fileobj)
+    if fd < 0:
+        return None
+    key = (id(loop), fd)
+    route = _fd_routes.get(key)
+    sock = _rs._live.get(fd)
+    if route is not None:
+        if route.sock is sock or not make:
+            return route  # (a closed one too: removing from it cleans it up)
+        route.set(False, None)  # its socket was closed and the number came back
+        route.set(True, None)
+    if not make or sock is None or key in _fd_native or not _routable(loop):
+        return None
+    if isinstance(fileobj, _rs.socket) and fileobj is not sock:
+        return None
+    if loop.is_closed():
+        return None
+    try:
+        route = _FdRoute(loop, fd, sock)
+    except OSError:
+        return None  # not a connection (a listener, or not connected yet)
+    _fd_routes[key] = route
+    _note("asyncio:fileno_watch")
+    return route
+
+
+def _routed(loop: Any, sock: _rs.socket) -> bool:
+    """Is a reader or writer of ``sock`` routed on ``loop`` (then its
+    sock_sendall keeps out of the notify fd's interest)?"""
+    return any(r.sock is sock for k, r in _fd_routes.items() if k[0] == id(loop))
+
+
+def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Callable[..., Any]]:
+    def wrap(original: Any) -> Callable[..., Any]:
+        if add:
+
+            @_wraps(original)
+            def add_fd(self: Any, fd: Any, callback: Any, *args: Any) -> Any:
+                route = _route(self, fd, True)
+                if route is None:
+                    rc = original(self, fd, callback, *args)
+                    key = (id(self), _fd_of(fd))
+                    if key[1] in _rs._live:
+                        _fd_native.setdefault(key, set()).add(writer)
+                    return rc
+                import asyncio
+
+                route.set(writer, asyncio.Handle(callback, args, self, None))
+                return None
+
+            return add_fd
+
+        @_wraps(original)
+        def remove_fd(self: Any, fd: Any) -> bool:
+            route = _route(self, fd, False)
+            if route is None:
+                key = (id(self), _fd_of(fd))
+                kinds = _fd_native.get(key)
+                if kinds is not None:
+                    kinds.discard(writer)
+                    if not kinds:
+                        del _fd_native[key]
+                return bool(original(self, fd))
+            return route.set(writer, None)
+
+        return remove_fd
+
+    wrap.__name__ = f"_wrap_{name}"
+    return wrap
+
+
 def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     def wrap_socket(self: Any, sock: Any, *args: Any, **kw: Any) -> Any:
@@ -805,4 +956,8 @@ _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "sock_connect": _wrap_sock_connect,
     "sock_sendall": _wrap_sock_sendall,
     "wrap_socket": _wrap_ssl_wrap_socket,
+    "add_reader": _wrap_fd_method("add_reader", False, True),
+    "add_writer": _wrap_fd_method("add_writer", True, True),
+    "remove_reader": _wrap_fd_method("remove_reader", False, False),
+    "remove_writer": _wrap_fd_method("remove_writer", True, False),
 }

@@ -442,6 +442,7 @@ class _Core:
         "shared",
         "kopts",
         "listen_addr",
+        "loop_fd",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
@@ -475,6 +476,7 @@ class _Core:
         # a listener's own address (getsockname of its kernel socket), read at
         # its first accept: it cannot change after listen()
         self.listen_addr: tuple[Any, ...] | None = None
+        self.loop_fd = 0  # event-loop watches of fileno() (socket._loop_watches_fd)
 
     def acquire(self) -> None:
         with self.lock:
@@ -634,10 +636,23 @@ class socket:
         h = self._h
         if h is None:
             return -1 if self._tcp is None else self._tcp.fileno()
-        self._watch(_ll.WATCH_FD)
+        if not self._core.loop_fd:
+            self._watch(_ll.WATCH_FD)
         fd = _ll.fileno(h)  # made on first use
         _live[fd] = self
         return fd
+
+    def _loop_watches_fd(self, on: bool) -> None:
+        """An event loop watches this connection for its fileno()'s readers
+        and writers (rsock.patch's add_reader), through the notify fd: the
+        fd need not be kept exact meanwhile (no watcher-thread wake-ups,
+        whatever fileno() calls come), and is again once none is left."""
+        core = self._core
+        core.loop_fd += 1 if on else -1
+        if on:
+            self._unwatch(_ll.WATCH_FD)
+        elif not core.loop_fd:
+            self._watch(_ll.WATCH_FD)
 
     def _watch(self, mask: int) -> None:
         """Turn on the engine's exact readiness (``_ll.WATCH_*``)."""

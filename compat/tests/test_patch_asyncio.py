@@ -32,9 +32,10 @@ LOOPS = ["asyncio", "uvloop"]
 CERTS = Path(__file__).resolve().parents[2] / "tests" / "certs"
 BaseEventLoop = asyncio.base_events.BaseEventLoop
 BaseSelectorEventLoop = asyncio.selector_events.BaseSelectorEventLoop
+FD_METHODS = ("add_reader", "add_writer", "remove_reader", "remove_writer")
 ROUTED = {
     BaseEventLoop: ("create_connection", "create_server", "connect_accepted_socket", "start_tls"),
-    BaseSelectorEventLoop: ("sock_connect", "sock_sendall"),
+    BaseSelectorEventLoop: ("sock_connect", "sock_sendall", *FD_METHODS),
     uvloop.Loop: (
         "create_connection",
         "create_server",
@@ -42,6 +43,7 @@ ROUTED = {
         "start_tls",
         "sock_connect",
         "sock_sendall",
+        *FD_METHODS,
     ),
 }
 
@@ -359,6 +361,115 @@ def test_sock_sendall_cancelled_or_peer_gone(patched: None, run: Any) -> None:
     run(main())
 
 
+def _thread_switches() -> dict[str, int]:
+    """Context switches so far of each thread of this process, by name."""
+    out: dict[str, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            d = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+        name = d["Name"].strip()
+        out[name] = out.get(name, 0) + int(d["voluntary_ctxt_switches"]) + int(
+            d["nonvoluntary_ctxt_switches"]
+        )
+    return out
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_fileno_readers_and_writers_on_the_loop(kind: str, run: Any) -> None:
+    """A program that waits with loop.add_reader/add_writer on fileno()
+    (tornado's IOStream does) gets its callbacks as over TCP (readers
+    level-triggered, a writer while a send would not block, removal
+    reported), and under the patch the engine's watcher thread is not woken
+    for them: the loop watches the notify fd (before: one watcher wake-up
+    per event)."""
+    if kind == "rsock":
+        rsock.patch()
+
+    async def main() -> dict[str, int]:
+        loop = asyncio.get_running_loop()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.socket()
+        client.connect(listener.getsockname())
+        conn, _ = listener.accept()
+        listener.close()
+        for s in (client, conn):
+            s.setblocking(False)
+        assert isinstance(client, rsock.socket) == (kind == "rsock")
+        got: list[bytes] = []
+        echo_reads = 0
+
+        def echo() -> None:  # the server side: echoes what it reads
+            nonlocal echo_reads
+            echo_reads += 1
+            try:
+                data = conn.recv(1 << 16)
+            except BlockingIOError:
+                return
+            if data:
+                conn.send(data)
+
+        arrived: asyncio.Future[None] | None = None
+
+        def on_reply() -> None:
+            try:
+                data = client.recv(1 << 16)
+            except BlockingIOError:
+                return
+            got.append(data)
+            if arrived is not None and not arrived.done():
+                arrived.set_result(None)
+
+        loop.add_reader(conn.fileno(), echo)
+        loop.add_reader(client, on_reply)  # a socket object, as the loops take it
+        before = _thread_switches()
+        for i in range(300):
+            arrived = loop.create_future()
+            client.send(b"%04d" % i)
+            await asyncio.wait_for(arrived, 10)
+        after = _thread_switches()
+        assert b"".join(got) == b"".join(b"%04d" % i for i in range(300))
+        # (asyncio's loop reports whether there was one; uvloop returns None)
+        told = isinstance(loop, asyncio.BaseEventLoop)
+        # level-triggered: data left unread keeps calling the reader
+        removed = (loop.remove_reader(conn.fileno()), loop.remove_reader(conn.fileno()))
+        assert removed == (True, False) or not told
+        client.send(b"zz")
+        calls = 0
+
+        def count() -> None:
+            nonlocal calls
+            calls += 1
+
+        await asyncio.sleep(0.05)
+        loop.add_reader(conn.fileno(), count)
+        await asyncio.sleep(0.05)
+        assert calls >= 2
+        assert conn.recv(10) == b"zz"
+        calls = 0
+        await asyncio.sleep(0.05)
+        assert calls == 0 or calls == 1  # (one call may have been under way)
+        assert loop.remove_reader(conn.fileno()) or not told
+        # a writer runs while a send would not block
+        wrote = loop.create_future()
+        loop.add_writer(client.fileno(), lambda: wrote.done() or wrote.set_result(None))
+        await asyncio.wait_for(wrote, 10)
+        removed = (loop.remove_writer(client.fileno()), loop.remove_writer(client.fileno()))
+        assert removed == (True, False) or not told
+        assert loop.remove_reader(client) or not told
+        client.close()
+        conn.close()
+        return {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+    try:
+        switches = run(main())
+    finally:
+        if kind == "rsock":
+            rsock.unpatch()
+    assert switches.get("rsock-watch", 0) <= 30, switches  # was ~2 per round trip
+
+
 def test_sock_sendfile_falls_back_to_sock_sendall(patched: None, tmp_path: Path) -> None:
     """asyncio's sock_sendfile: os.sendfile cannot write to rsock's fd, so the
     loop falls back to its sock_sendall, the routed one (uvloop has no
@@ -547,7 +658,8 @@ def test_unpatch_restores_the_loop_classes_exactly() -> None:
         for (cls, name), original in originals.items():
             wrapper = vars(cls)[name]
             assert wrapper is not original and wrapper.__module__ == "rsock._patch"
-            assert inspect.iscoroutinefunction(wrapper), name
+            # a coroutine where the loop's is one (add_reader & co. are not)
+            assert inspect.iscoroutinefunction(wrapper) == (name not in FD_METHODS), name
             assert inspect.signature(wrapper) == inspect.signature(original), name
             assert wrapper.__doc__ == original.__doc__
         rsock.patch()  # idempotent
