@@ -786,7 +786,7 @@ class _FdRoute:
     transport does, and runs the reader and the writer the connection is
     ready for, level-triggered as the loops run them."""
 
-    __slots__ = ("loop", "fd", "sock", "watch", "reader", "writer")
+    __slots__ = ("loop", "fd", "sock", "watch", "reader", "writer", "ending")
 
     def __init__(self, loop: Any, fd: int, sock: _rs.socket) -> None:
         self.loop = loop
@@ -797,10 +797,14 @@ class _FdRoute:
         sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed
         self.reader: Any = None
         self.writer: Any = None
+        self.ending = False  # _end is scheduled
 
     def set(self, writer: bool, handle: Any) -> bool:
         """Replaces the reader (or writer) with ``handle`` (None: removes
-        it); whether there was one.  The last one gone ends the route."""
+        it); whether there was one.  The last one gone ends the route at
+        the loop's next round, unless one comes back by then (tornado moves
+        its handler between reading and writing that way; and a socket
+        closed by then needs no exact fileno() again)."""
         old = self.writer if writer else self.reader
         if old is not None:
             old.cancel()
@@ -812,12 +816,21 @@ class _FdRoute:
         if interest:
             self.watch.arm(self.loop, self._ready, interest)
         else:
-            self.watch.disarm(self.loop, POLLIN)  # (as sock_sendall leaves it)
-            if self.watch.is_open():
-                self.sock._loop_watches_fd(False)
-            if _fd_routes.get((id(self.loop), self.fd)) is self:
-                del _fd_routes[(id(self.loop), self.fd)]
+            self.watch.disarm(self.loop)
+            if not self.ending:
+                self.ending = True
+                self.loop.call_soon(self._end)
         return old is not None
+
+    def _end(self) -> None:
+        self.ending = False
+        if self.reader is not None or self.writer is not None:
+            return  # taken up again
+        if _fd_routes.get((id(self.loop), self.fd)) is self:
+            del _fd_routes[(id(self.loop), self.fd)]
+        if self.watch.is_open():
+            self.watch.disarm(self.loop, POLLIN)  # (as sock_sendall leaves it)
+            self.sock._loop_watches_fd(False)  # fileno() exact again
 
     def _ready(self) -> None:
         rev = _ll.poll(self.watch.handle) if self.watch.is_open() else POLLIN | POLLOUT
@@ -830,12 +843,30 @@ class _FdRoute:
 
 _READABLE = _ll.POLLIN | _ll.POLLERR | _ll.POLLHUP
 _WRITABLE = _ll.POLLOUT | _ll.POLLERR | _ll.POLLHUP
+# Events the loop's own watch of a fileno() serves before it is routed: a
+# route costs more to set up than the watcher's wake-ups of a short-lived
+# connection (a new connection per request: ~3 events a side)
+_ROUTE_AFTER = 8
+_NEVER = -(1 << 62)  # the events of a fileno() that cannot be routed
 # (id(loop), fd) -> the route of that fileno() on that loop
 _fd_routes: dict[tuple[int, int], _FdRoute] = {}
-# (id(loop), fd) of the rsock filenos the loop itself watches (added before
-# they could be routed), with which of reader/writer: while one is there,
-# the other stays the loop's too (fileno() is kept exact for them)
-_fd_native: dict[tuple[int, int], set[bool]] = {}
+
+
+class _Native:
+    """An rsock fileno() the loop watches itself: its reader and writer
+    (callback, args), and how many events they had."""
+
+    __slots__ = ("sock", "cbs", "events")
+
+    def __init__(self, sock: _rs.socket) -> None:
+        self.sock = sock
+        self.cbs: dict[bool, tuple[Any, tuple[Any, ...]]] = {}  # writer? -> (callback, args)
+        self.events = 0
+
+
+# (id(loop), fd) -> the rsock fileno() the loop watches itself (kept while
+# empty: tornado moves its handler between reader and writer)
+_fd_native: dict[tuple[int, int], _Native] = {}
 
 
 def _fd_of(fileobj: Any) -> int:
@@ -847,33 +878,60 @@ def _fd_of(fileobj: Any) -> int:
         return -1
 
 
-def _route(loop: Any, fileobj: Any, make: bool) -> _FdRoute | None:
-    """The route of ``fileobj`` (an rsock connection or its fileno()) on
-    ``loop``, made if ``make`` and possible; None: the loop's own way."""
-    fd = _fd_of(fileobj)
-    if fd < 0:
-        return None
-    key = (id(loop), fd)
+def _live_route(key: tuple[int, int]) -> _FdRoute | None:
+    """The route of key if its socket still holds that fd (a stale one,
+    whose socket was closed and the number came back, is dropped)."""
     route = _fd_routes.get(key)
+    if route is None or route.sock is _rs._live.get(key[1]):
+        return route
+    route.set(False, None)
+    route.set(True, None)
+    _fd_routes.pop(key, None)
+    return None
+
+
+def _new_route(loop: Any, fd: int) -> _FdRoute | None:
+    """A route for an rsock connection's fileno() on the running ``loop``,
+    or None (not a connection, or not the running loop)."""
     sock = _rs._live.get(fd)
-    if route is not None:
-        if route.sock is sock or not make:
-            return route  # (a closed one too: removing from it cleans it up)
-        route.set(False, None)  # its socket was closed and the number came back
-        route.set(True, None)
-    if not make or sock is None or key in _fd_native or not _routable(loop):
-        return None
-    if isinstance(fileobj, _rs.socket) and fileobj is not sock:
-        return None
-    if loop.is_closed():
+    if sock is None or not _routable(loop) or loop.is_closed():
         return None
     try:
         route = _FdRoute(loop, fd, sock)
     except OSError:
         return None  # not a connection (a listener, or not connected yet)
-    _fd_routes[key] = route
+    _fd_routes[(id(loop), fd)] = route
     _note("asyncio:fileno_watch")
     return route
+
+
+def _native_event(loop: Any, key: tuple[int, int], writer: bool) -> None:
+    """A reader or writer the loop watches itself had an event: run it;
+    the _ROUTE_AFTER-th moves the fd's reader and writer to a route."""
+    rec = _fd_native.get(key)
+    entry = rec.cbs.get(writer) if rec is not None else None
+    if rec is None or entry is None:
+        return
+    rec.events += 1
+    entry[0](*entry[1])
+    if rec.events >= _ROUTE_AFTER and _fd_native.get(key) is rec and rec.cbs:
+        _to_route(loop, key, rec)
+
+
+def _to_route(loop: Any, key: tuple[int, int], rec: _Native) -> None:
+    import asyncio
+
+    cbs = dict(rec.cbs)
+    for w in cbs:  # (through the wrappers: the record lets go of them)
+        (loop.remove_writer if w else loop.remove_reader)(key[1])
+    route = _new_route(loop, key[1])
+    if route is None:  # the loop's own watch, for good
+        for w, (cb, args) in cbs.items():
+            (loop.add_writer if w else loop.add_reader)(key[1], cb, *args)
+        rec.events = _NEVER
+        return
+    for w, (cb, args) in cbs.items():
+        route.set(w, asyncio.Handle(cb, args, loop, None))
 
 
 def _routed(loop: Any, sock: _rs.socket) -> bool:
@@ -888,32 +946,34 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
 
             @_wraps(original)
             def add_fd(self: Any, fd: Any, callback: Any, *args: Any) -> Any:
-                route = _route(self, fd, True)
-                if route is None:
-                    rc = original(self, fd, callback, *args)
-                    key = (id(self), _fd_of(fd))
-                    if key[1] in _rs._live:
-                        _fd_native.setdefault(key, set()).add(writer)
-                    return rc
-                import asyncio
+                key = (id(self), _fd_of(fd))
+                route = _live_route(key)
+                if route is not None:
+                    import asyncio
 
-                route.set(writer, asyncio.Handle(callback, args, self, None))
-                return None
+                    route.set(writer, asyncio.Handle(callback, args, self, None))
+                    return None
+                sock = _rs._live.get(key[1])
+                if sock is None or (isinstance(fd, _rs.socket) and fd is not sock):
+                    return original(self, fd, callback, *args)  # not an rsock fileno()
+                rec = _fd_native.get(key)
+                if rec is None or rec.sock is not sock:
+                    rec = _fd_native[key] = _Native(sock)
+                rec.cbs[writer] = (callback, args)
+                return original(self, fd, _native_event, self, key, writer)
 
             return add_fd
 
         @_wraps(original)
-        def remove_fd(self: Any, fd: Any) -> bool:
-            route = _route(self, fd, False)
-            if route is None:
-                key = (id(self), _fd_of(fd))
-                kinds = _fd_native.get(key)
-                if kinds is not None:
-                    kinds.discard(writer)
-                    if not kinds:
-                        del _fd_native[key]
-                return bool(original(self, fd))
-            return route.set(writer, None)
+        def remove_fd(self: Any, fd: Any) -> Any:
+            key = (id(self), _fd_of(fd))
+            route = _fd_routes.get(key)
+            if route is not None:
+                return route.set(writer, None)
+            rec = _fd_native.get(key)
+            if rec is not None:
+                rec.cbs.pop(writer, None)
+            return original(self, fd)
 
         return remove_fd
 
