@@ -879,10 +879,11 @@ def _fd_of(fileobj: Any) -> int:
 
 
 def _live_route(key: tuple[int, int]) -> _FdRoute | None:
-    """The route of key if its socket still holds that fd (a stale one,
-    whose socket was closed and the number came back, is dropped)."""
+    """The route of key if its socket is open and still holds that fd (a
+    stale one, whose socket was closed, and maybe the number came back, is
+    dropped: the loop's own way then says what a closed fd gets)."""
     route = _fd_routes.get(key)
-    if route is None or route.sock is _rs._live.get(key[1]):
+    if route is None or (route.sock is _rs._live.get(key[1]) and route.watch.is_open()):
         return route
     route.set(False, None)
     route.set(True, None)
