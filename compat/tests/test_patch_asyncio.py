@@ -317,6 +317,21 @@ def test_sock_methods(patched: None, run: Any) -> None:
     }
 
 
+def nonblocking_pair() -> tuple[Any, Any]:
+    """A connected (client, server) pair of ``socket.socket`` (rsock's while
+    patched), both non-blocking."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    client = socket.socket()
+    client.connect(listener.getsockname())
+    conn, _ = listener.accept()
+    listener.close()
+    client.setblocking(False)
+    conn.setblocking(False)
+    return client, conn
+
+
 def test_sock_sendall_cancelled_or_peer_gone(patched: None, run: Any) -> None:
     """A sock_sendall waiting for ring space: cancelled, it leaves no reader
     behind and the socket works on; when the peer closes, it fails."""
@@ -324,15 +339,7 @@ def test_sock_sendall_cancelled_or_peer_gone(patched: None, run: Any) -> None:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = socket.socket()
-        client.connect(listener.getsockname())
-        conn, _ = listener.accept()
-        listener.close()
-        client.setblocking(False)
-        conn.setblocking(False)
+        client, conn = nonblocking_pair()
         big = bytes(16 << 20)  # more than the ring: nobody reads yet
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(loop.sock_sendall(client, big), 0.3)
@@ -387,15 +394,7 @@ def test_fileno_readers_and_writers_on_the_loop(kind: str, run: Any) -> None:
 
     async def main() -> dict[str, int]:
         loop = asyncio.get_running_loop()
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = socket.socket()
-        client.connect(listener.getsockname())
-        conn, _ = listener.accept()
-        listener.close()
-        for s in (client, conn):
-            s.setblocking(False)
+        client, conn = nonblocking_pair()
         assert isinstance(client, rsock.socket) == (kind == "rsock")
         got: list[bytes] = []
         echo_reads = 0
@@ -480,15 +479,7 @@ def test_sock_sendfile_falls_back_to_sock_sendall(patched: None, tmp_path: Path)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = socket.socket()
-        client.connect(listener.getsockname())
-        conn, _ = listener.accept()
-        listener.close()
-        client.setblocking(False)
-        conn.setblocking(False)
+        client, conn = nonblocking_pair()
 
         async def reader() -> bytes:
             got = bytearray()
