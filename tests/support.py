@@ -48,6 +48,32 @@ def assert_fast_path(transport: str, *socks: Any) -> None:
             assert s.provider == FAST_PROVIDER, f"{s!r} took {s.provider!r}"
 
 
+_warm_threads: set[int] = set()
+
+
+def warm_thread() -> None:
+    """The engine keeps one kick eventfd per thread that ever waited on an rsock
+    connection (made at its first wait, closed when the thread ends: another
+    thread's close or shutdown wakes the waiter through it).  Makes the calling
+    thread's now, so that a test that counts fds counts only its own."""
+    tid = threading.get_ident()
+    if tid in _warm_threads:
+        return
+    import rsock
+
+    with rsock.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with rsock.create_connection(listener.getsockname(), timeout=10) as c:
+            s, _ = listener.accept()
+            with s:
+                c.settimeout(0.01)
+                try:
+                    c.recv(1)
+                except TimeoutError:
+                    _warm_threads.add(tid)
+
+
 def has_ipv6_loopback() -> bool:
     """True if a stdlib TCP connection over ::1 really works on this host."""
     if not socket.has_ipv6:

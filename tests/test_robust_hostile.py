@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import errno
 import hashlib
 import mmap
@@ -22,7 +23,6 @@ import os
 import random
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +38,7 @@ CM_MAGIC = 0x434B5352
 CM_REQ, CM_REJ, CM_REQ_SLOT = 1, 3, 4
 ARENA_MAGIC = 0x414E4552414B5352
 ARENA_HDR = 65536
-PROTO_VERSION = 1
+PROTO_VERSION = 2  # the local handshake's (cm.h: CM_LOCAL_VERSION)
 SHM_MAGIC = 0x4B53525348534D31
 SERVE_LIMIT_S = 0.5
 
@@ -297,12 +297,8 @@ def pipe_fds(n: int) -> list[int]:
 
 
 def segment_fds(size: int, seals: int, magic: bool) -> list[int]:
-    return [
-        fake_memfd(size, seals, magic),
-        os.eventfd(0),
-        fake_memfd(size, seals, magic),
-        os.eventfd(0),
-    ]
+    """REQ's two fds: the client's half and the server's."""
+    return [fake_memfd(size, seals, magic), fake_memfd(size, seals, magic)]
 
 
 GOOD_SIZE = seg_size(65536, 16)
@@ -311,34 +307,33 @@ GOOD_SIZE = seg_size(65536, 16)
 HANDSHAKES: dict[str, Callable[[], tuple[bytes, list[int]]]] = {
     "empty": lambda: (b"", []),
     "one-byte": lambda: (b"\x01", []),
-    "short": lambda: (req()[:79], pipe_fds(4)),
-    "long": lambda: (req() + b"x", pipe_fds(4)),
+    "short": lambda: (req()[:79], pipe_fds(2)),
+    "long": lambda: (req() + b"x", pipe_fds(2)),
     "random-80": lambda: (random.Random(4).randbytes(80), []),
     "random-4k": lambda: (random.Random(5).randbytes(4096), pipe_fds(2)),
-    "bad-magic": lambda: (req(magic=0xDEADBEEF), pipe_fds(4)),
+    "bad-magic": lambda: (req(magic=0xDEADBEEF), pipe_fds(2)),
     "req-without-fds": lambda: (req(), []),
-    "req-with-3-fds": lambda: (req(), pipe_fds(3)),
+    "req-with-1-fd": lambda: (req(), [fake_memfd(GOOD_SIZE, sealed(), True)]),
+    "req-with-3-fds": lambda: (req(), [*segment_fds(GOOD_SIZE, sealed(), True), os.eventfd(0)]),
     "req-with-8-fds": lambda: (req(), pipe_fds(8)),
     "rej-kind": lambda: (req(kind=CM_REJ), []),
-    "kind-99": lambda: (req(kind=99), pipe_fds(4)),
-    "version-99": lambda: (req(version=99), pipe_fds(4)),
+    "kind-99": lambda: (req(kind=99), pipe_fds(2)),
+    "version-99": lambda: (req(version=99), pipe_fds(2)),
+    # a REQ of version 1 (before the bells: four fds, eventfds among them)
+    "version-1": lambda: (req(version=1), [*segment_fds(GOOD_SIZE, sealed(), True), *pipe_fds(2)]),
     "ring-not-pow2": lambda: (req(ring=65537), segment_fds(GOOD_SIZE, sealed(), True)),
     "ring-too-big": lambda: (req(ring=1 << 30), segment_fds(GOOD_SIZE, sealed(), True)),
     "qdepth-0": lambda: (req(q=0), segment_fds(GOOD_SIZE, sealed(), True)),
-    "pipes-for-segments": lambda: (req(), pipe_fds(4)),
-    "devnull-for-segments": lambda: (req(), [os.open("/dev/null", os.O_RDWR) for _ in range(4)]),
+    "pipes-for-segments": lambda: (req(), pipe_fds(2)),
+    "devnull-for-segments": lambda: (req(), [os.open("/dev/null", os.O_RDWR) for _ in range(2)]),
+    "eventfds-for-segments": lambda: (req(), [os.eventfd(0), os.eventfd(0)]),
     "unsealed-memfds": lambda: (req(), segment_fds(GOOD_SIZE, 0, True)),
     "memfds-too-small": lambda: (req(), segment_fds(GOOD_SIZE - 4096, sealed(), True)),
     "memfds-without-magic": lambda: (req(), segment_fds(GOOD_SIZE, sealed(), False)),
     "memfds-claiming-256mib": lambda: (req(ring=1 << 28), segment_fds(GOOD_SIZE, sealed(), True)),
-    "pipes-for-eventfds": lambda: (
+    "pipe-for-the-servers-segment": lambda: (
         req(),
-        [
-            fake_memfd(GOOD_SIZE, sealed(), True),
-            *pipe_fds(1),
-            fake_memfd(GOOD_SIZE, sealed(), True),
-            *pipe_fds(1),
-        ],
+        [fake_memfd(GOOD_SIZE, sealed(), True), *pipe_fds(1)],
     ),
 }
 
@@ -385,7 +380,8 @@ def fake_arena(
 
 
 def slot_fds(**kw: Any) -> list[int]:
-    return [fake_arena(**kw), os.eventfd(0), os.eventfd(0)]
+    """REQ_SLOT's one fd: the arena."""
+    return [fake_arena(**kw)]
 
 
 ARENA_GOOD = ARENA_HDR + 64 * 2 * arena_half(65536, 16)
@@ -407,13 +403,11 @@ HANDSHAKES.update(
         "slot-arena-ring-not-pow2": lambda: (slot_req(ring=65537), slot_fds(ring=65537)),
         "slot-halves-without-magic": lambda: (slot_req(), slot_fds(halves=False)),
         "slot-geometry-not-the-arenas": lambda: (slot_req(ring=131072), slot_fds()),
-        "slot-pipes-for-eventfds": lambda: (slot_req(), [fake_arena(), *pipe_fds(2)]),
-        "slot-segment-for-arena": lambda: (
-            slot_req(),
-            [fake_memfd(GOOD_SIZE, sealed(), True), os.eventfd(0), os.eventfd(0)],
-        ),
-        "slot-with-4-fds": lambda: (slot_req(), [*slot_fds(), os.eventfd(0)]),
+        "slot-pipe-for-arena": lambda: (slot_req(), pipe_fds(1)),
+        "slot-segment-for-arena": lambda: (slot_req(), [fake_memfd(GOOD_SIZE, sealed(), True)]),
+        "slot-with-3-fds": lambda: (slot_req(), [*slot_fds(), os.eventfd(0), os.eventfd(0)]),
         "slot-with-2-fds": lambda: (slot_req(), [fake_arena(), os.eventfd(0)]),
+        "slot-without-fds": lambda: (slot_req(), []),
     }
 )
 
@@ -484,10 +478,7 @@ def forge_slot_connection(port: int, arena: int, slot: int, gen: int) -> socket.
     """A hand-made REQ_SLOT client on slot ``slot`` of ``arena`` (fd kept)."""
     u = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     u.connect(rendezvous(port))
-    evs = [os.eventfd(0), os.eventfd(0)]
-    send_handshake(u, slot_req(slot=slot, gen=gen), [arena, *evs])
-    for fd in evs:
-        os.close(fd)
+    send_handshake(u, slot_req(slot=slot, gen=gen), [arena])
     return u
 
 
@@ -516,10 +507,7 @@ def test_forged_valid_slot_handshake_and_a_rewritten_arena_header() -> None:
                     u2 = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                     with u2:
                         u2.connect(rendezvous(port))
-                        evs = [os.eventfd(0), os.eventfd(0)]
-                        send_handshake(u2, slot_req(slot=slot, ring=ring), [arena, *evs])
-                        for fd in evs:
-                            os.close(fd)
+                        send_handshake(u2, slot_req(slot=slot, ring=ring), [arena])
                         # accept() refuses it, and serves the next client
                         assert_serves_rsock_client(srv)
                         u2.settimeout(5)
@@ -598,36 +586,71 @@ def test_silent_rendezvous_client_does_not_freeze_asyncio_server() -> None:
     assert worst < 0.2, f"the event loop froze for {worst:.3f} s"
 
 
-def test_peer_that_turns_our_eventfd_blocking_cannot_hang_us() -> None:
-    """The client makes the server's notify eventfd and keeps a copy: the file's
-    flags are shared, so it can turn O_NONBLOCK back off after the handshake
-    (which set it).  Reading that eventfd (the engine acknowledges a wake-up when
-    an event loop starts watching, with nothing to read) must still never block:
-    watch().start() returns at once, and the connection serves on."""
+def send_records(u: socket.socket, what: str) -> None:
+    """What a hostile peer puts on the liveness channel (the rendezvous socket,
+    which carries bells: records of one zero byte) after its handshake."""
+    if what == "bell-flood":  # as many bells as the socket takes
+        u.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                u.send(b"\0")
+        u.setblocking(True)
+    elif what == "bell-with-an-fd":
+        ev = os.eventfd(0)
+        try:
+            send_handshake(u, b"\0", [ev])
+        finally:
+            os.close(ev)
+    elif what == "other-byte":
+        u.send(b"\1")
+    elif what == "junk-record":
+        u.send(b"abc")
+    elif what == "empty-record":
+        u.send(b"")
+    elif what == "second-request":
+        send_handshake(u, req(), [])
+
+
+@pytest.mark.parametrize(
+    "what",
+    [
+        "bell-flood",
+        "bell-with-an-fd",
+        "other-byte",
+        "junk-record",
+        "empty-record",
+        "second-request",
+    ],
+)
+def test_liveness_channel_records(what: str) -> None:
+    """A forged peer's records on the liveness channel after the handshake.  Bells,
+    however many, only wake the connection (a blocking recv still waits for data,
+    and times out); anything else (a bell with an fd attached, another byte, a
+    longer record, an empty one) ends it with ECONNRESET; no fd passed along is
+    ever installed, nothing hangs or leaks."""
     before = Snapshot()
     with rsock_listener() as srv:
         port = srv.getsockname()[1]
-        arena = fake_arena()
-        ev_client, ev_server = os.eventfd(0), os.eventfd(0)
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as u:
-                u.connect(rendezvous(port))
-                send_handshake(u, slot_req(), [arena, ev_client, ev_server])
-                srv.settimeout(5)
-                conn, _ = srv.accept()
-                with conn:
-                    os.set_blocking(ev_server, True)  # the server's copy too
-                    done = threading.Event()
-
-                    def start() -> None:
-                        conn.watch().start()
-                        done.set()
-
-                    t = threading.Thread(target=start, daemon=True)
-                    t.start()
-                    assert done.wait(5), "reading the peer's blocking eventfd hung"
-                assert_serves_rsock_client(srv)
-        finally:
-            for fd in (arena, ev_client, ev_server):
+        fds = segment_fds(GOOD_SIZE, sealed(), True)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as u:
+            u.connect(rendezvous(port))
+            send_handshake(u, req(), fds)
+            for fd in fds:
                 os.close(fd)
+            srv.settimeout(5)
+            conn, _ = srv.accept()
+            with conn:
+                send_records(u, what)
+                t0 = time.monotonic()
+                if what == "bell-flood":
+                    conn.settimeout(0.3)
+                    with pytest.raises(TimeoutError):
+                        conn.recv(10)
+                    assert time.monotonic() - t0 < 3
+                    u.close()  # then it goes: a reset (no FIN came)
+                conn.settimeout(5)
+                with pytest.raises(ConnectionResetError):
+                    conn.recv(10)
+                assert time.monotonic() - t0 < 4
+        assert_serves_rsock_client(srv)
     assert_no_leaks(before)

@@ -17,13 +17,15 @@ from typing import Any
 
 import pytest
 from robust_peer import RobustPeers, fd_count, pattern, recv_index, rsock_maps, status_kib
-from support import assert_fast_path
+from support import assert_fast_path, warm_thread
 
 N = 1000
 MSG = 1024
 # fds an rsock endpoint holds (sync API, no fileno()): its liveness socket,
-# its notify eventfd and the peer's (issue 17's ceiling)
-FDS_PER_ENDPOINT = 3
+# which also carries the peer's wake-ups (its bells); an event loop's
+# endpoint adds the notify eventfd its loop watches
+FDS_PER_ENDPOINT = 1
+FDS_PER_LOOP_ENDPOINT = 2
 DIGEST = 32
 
 
@@ -43,7 +45,9 @@ def memory() -> dict[str, int]:
 def start_watcher(sockmod: ModuleType) -> None:
     """One connection polled through fileno(), then closed: rsock's watcher
     thread (one per process, with its epoll fd, started by the first such
-    poll and kept) is up before the fds are counted, whichever test ran first."""
+    poll and kept) is up before the fds are counted, whichever test ran first;
+    and this thread's kick eventfd too (support.warm_thread)."""
+    warm_thread()
     with sockmod.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -267,6 +271,10 @@ def test_thousand_concurrent_asyncio_connections(transport: str, loop: str) -> N
         tasks = [asyncio.create_task(client(i)) for i in range(N)]
         await asyncio.wait_for(opened.wait(), 60)
         held = {"fds": fd_count() - fds0, "rss": memory()["VmRSS"] - mem0["VmRSS"]}
+        # both ends are here: two endpoints per connection (a few fds more
+        # are the process's, once: the listener, the loop's)
+        per = FDS_PER_LOOP_ENDPOINT if transport == "rsock" else 1
+        assert held["fds"] <= 2 * per * N + 16, f"{held['fds']} fds for {N} connections"
         release.set()
         await asyncio.gather(*tasks)
         server.close()
@@ -305,7 +313,7 @@ def test_many_connections_one_process_pair(
 ) -> None:
     """Up to 10,000 connections held at once by one process pair (a child
     connects, we accept), as many as the fd limit allows at FDS_PER_ENDPOINT
-    (under this machine's 20,000: 6,581), each carrying its index; time, fds
+    (10,000 under this machine's 20,000), each carrying its index; time, fds
     and RSS printed (``-s``); everything given back after close."""
     n = many_within_fd_limit()
     if n < 5000:

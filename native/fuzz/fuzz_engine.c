@@ -389,7 +389,7 @@ static void step(struct conn *c, struct input *in)
 			shutdown(p->live_fd, SHUT_RDWR);
 		c->clean = 0;
 		break;
-	case A_P_LIVE: { /* a message on the liveness channel: REJ or junk */
+	case A_P_LIVE: { /* a record on the liveness channel: REJ, bell or junk */
 		uint8_t mode = in_u8(in);
 		size_t n = in_u8(in) % 96;
 		uint32_t magic = 0x434b5352u; /* cm_local.c's REJ: 80 bytes */
@@ -398,9 +398,12 @@ static void step(struct conn *c, struct input *in)
 		in_bytes(in, b, n);
 		if (mode & 1) {
 			memcpy(b, &magic, 4);
-			b[4] = RSK_PROTO_VERSION;
+			b[4] = CM_LOCAL_VERSION;
 			b[5] = 3;
 			n = 80;
+		} else if (mode & 2) { /* a bell (rung while not armed) */
+			b[0] = SHM_BELL;
+			n = 1;
 		}
 		if (!c->p_closed && !p->released && p->live_fd >= 0)
 			(void)send(p->live_fd, b, n, MSG_DONTWAIT | MSG_NOSIGNAL);

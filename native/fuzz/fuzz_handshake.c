@@ -9,7 +9,8 @@
  * claims; an eventfd; a pipe end; a socket; /dev/null.  The listener's
  * side parses it exactly as accept() does (cm_accept_req, which checks
  * the request, adopts the server's half and maps the client's), or as a
- * connected client reads its liveness channel (cm_read_reject).
+ * connected client reads its liveness channel (eng_live_read: the bells,
+ * then a REJ or anything else), with up to three bells before it.
  *
  * Checks, besides the sanitizers: the call returns 0 or -errno; on
  * success the result is sane (geometry in range, a recv area); and no fd
@@ -169,12 +170,12 @@ static int make_fd(struct input *in, const struct req *r, int slot)
 	int p[2], fd;
 
 	switch (in_u8(in) % 6) {
-	case 0: /* the memfd the slot wants: client's half (0) or server's (2),
+	case 0: /* the memfd the slot wants: client's half (0) or server's (1),
 		 * or (REQ_SLOT) the arena (0) */
 		if (r->kind == 4)
 			return slot == 0 ? make_arena(in, r) : eventfd(0, EFD_CLOEXEC);
-		return make_memfd(in, slot >= 2 ? r->srv_ring_size : r->ring_size,
-				  slot >= 2 ? r->srv_qdepth : r->qdepth);
+		return make_memfd(in, slot >= 1 ? r->srv_ring_size : r->ring_size,
+				  slot >= 1 ? r->srv_qdepth : r->qdepth);
 	case 1: { /* a memfd for another geometry */
 		uint32_t ring, q;
 
@@ -218,7 +219,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct cm_result res;
 	struct rsk_opts o;
 	char detail[160];
-	int sp[2], fds[6], nfds, i, rc, mode, baseline;
+	int sp[2], fds[6], nfds, nbells, i, rc, mode, baseline;
 	size_t len;
 
 	if (!once) {
@@ -231,7 +232,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* the message: a REQ built from fuzzed fields, or raw bytes */
 	memset(&r, 0, sizeof(r));
 	r.magic = 0x434b5352u;
-	r.version = RSK_PROTO_VERSION;
+	r.version = CM_LOCAL_VERSION;
 	r.kind = mode & 2 ? 3 : mode & 128 ? 4 : 1;
 	in_geom(&in, &r.ring_size, &r.qdepth);
 	in_geom(&in, &r.srv_ring_size, &r.srv_qdepth);
@@ -257,10 +258,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			msg[i] ^= in_u8(&in);
 	}
 	nfds = in_u8(&in) % 7;
-	if (nfds == 5) /* mostly the four a REQ carries */
-		nfds = 4;
+	if (nfds == 5) /* mostly the two a REQ carries */
+		nfds = 2;
 	for (i = 0; i < nfds && i < 6; i++)
 		fds[i] = make_fd(&in, &r, i);
+	nbells = in_u8(&in) & 3;
 
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) == 0,
 		   "socketpair");
@@ -280,6 +282,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
 		memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
 	}
+	for (i = 0; (mode & 1) && i < nbells; i++)
+		(void)send(sp[0], "", 1, MSG_NOSIGNAL); /* SHM_BELL */
 	if (len || nfds)
 		(void)sendmsg(sp[0], &mh, MSG_NOSIGNAL);
 	for (i = 0; i < nfds; i++)
@@ -291,8 +295,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	detail[0] = 0;
 	if (mode & 1) {
 		/* a connected client reading its liveness channel */
-		rc = cm_read_reject(sp[1], detail, sizeof(detail));
-		FUZZ_CHECK(rc == 0 || rc == -EPROTO, "cm_read_reject: %d", rc);
+		rc = eng_live_read(sp[1], detail, sizeof(detail));
+		FUZZ_CHECK(rc >= LIVE_QUIET && rc <= LIVE_BAD,
+			   "eng_live_read: %d", rc);
+		FUZZ_CHECK(rc != LIVE_REJ || detail[0], "REJ without a reason");
 		close(sp[1]);
 	} else {
 		/* accept(): takes sp[1] */
@@ -318,7 +324,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (getenv("FUZZ_VERBOSE")) /* for seed maintenance */
 		fprintf(stderr, "fuzz_handshake: %s: %d %s\n",
-			mode & 1 ? "read_reject" : "accept_req", rc, detail);
+			mode & 1 ? "live_read" : "accept_req", rc, detail);
 	if (!(mode & 64))
 		close(sp[0]);
 	shm_arena_trim(); /* no arena kept from one input to the next */

@@ -141,15 +141,16 @@ def engine_seeds() -> dict[str, bytes]:
 
 
 def slot_fds(m: int, m2: int, extra: bytes = b"") -> bytes:
-    """REQ_SLOT's three fds: the arena (make_arena's m, m2 and what their bits
-    read), then two eventfds."""
-    return u8(3) + u8(0) + u8(m) + u8(m2) + extra + u8(2) + u8(0) + u8(2) + u8(0)
+    """REQ_SLOT's one fd: the arena (make_arena's m, m2 and what their bits
+    read)."""
+    return u8(1) + u8(0) + u8(m) + u8(m2) + extra
 
 
 def handshake_seeds() -> dict[str, bytes]:
-    # mode bits: 1 read_reject, 2 REJ kind, 4/8 raw families, 16 xor header, 128 REQ_SLOT,
-    # 32 raw length+bytes, 64 client hangs up
-    good_fds = u8(4) + u8(0) + u8(0) + u8(2) + u8(0) + u8(0) + u8(0) + u8(2) + u8(0)
+    # mode bits: 1 liveness read, 2 REJ kind, 4/8 raw families, 16 xor header, 128 REQ_SLOT,
+    # 32 raw length+bytes, 64 client hangs up; after the fds, the bells before
+    # the message (mode 1)
+    good_fds = u8(2) + u8(0) + u8(0) + u8(0) + u8(0)
     geom = u8(0) + u8(0)
     reason = u32(0)
     return {
@@ -157,30 +158,31 @@ def handshake_seeds() -> dict[str, bytes]:
         "req-valid-bigger": u8(0) + u8(3 | 8) + u8(2) + reason + good_fds,
         "req-valid-then-hangup": u8(64) + geom + reason + good_fds,
         "req-no-fds": u8(0) + geom + reason + u8(0),
-        "req-three-fds": u8(0) + geom + reason + u8(3) + u8(0) + u8(0) + u8(2) + u8(0)
-        + u8(0) + u8(0),
-        "req-unsealed": u8(0) + geom + reason + u8(4) + u8(0) + u8(32 | 64) + u8(2) + u8(0)
-        + u8(0) + u8(0) + u8(2) + u8(0),
-        "req-short-memfd": u8(0) + geom + reason + u8(4) + u8(0) + u8(3) + u8(7) + u8(2)
-        + u8(0) + u8(0) + u8(0) + u8(2) + u8(0),
-        "req-bad-magic": u8(0) + geom + reason + u8(4) + u8(0) + u8(8) + u8(5) + u8(2)
-        + u8(0) + u8(0) + u8(0) + u8(2) + u8(0),
-        "req-leftovers": u8(0) + geom + reason + u8(4) + u8(0) + u8(0) + u8(2) + u8(0)
-        + u8(0) + u8(16) + u32(9999) + u32(77) + u32(12345) + u8(1) + u8(2) + u8(0),
-        "req-pipe-for-eventfd": u8(0) + geom + reason + u8(4) + u8(0) + u8(0) + u8(3)
-        + u8(0) + u8(0) + u8(0) + u8(3) + u8(1),
-        "req-socket-for-memfd": u8(0) + geom + reason + u8(4) + u8(4) + u8(2) + u8(0)
-        + u8(5) + u8(2) + u8(0),
+        "req-one-fd": u8(0) + geom + reason + u8(1) + u8(0) + u8(0),
+        "req-three-fds": u8(0) + geom + reason + u8(3) + u8(0) + u8(0) + u8(0) + u8(0)
+        + u8(2) + u8(0),
+        "req-unsealed": u8(0) + geom + reason + u8(2) + u8(0) + u8(32 | 64) + u8(0) + u8(0),
+        "req-short-memfd": u8(0) + geom + reason + u8(2) + u8(0) + u8(3) + u8(7) + u8(0)
+        + u8(0),
+        "req-bad-magic": u8(0) + geom + reason + u8(2) + u8(0) + u8(8) + u8(5) + u8(0)
+        + u8(0),
+        "req-leftovers": u8(0) + geom + reason + u8(2) + u8(0) + u8(0) + u8(0)
+        + u8(16) + u32(9999) + u32(77) + u32(12345) + u8(1),
+        "req-eventfd-for-memfd": u8(0) + geom + reason + u8(2) + u8(0) + u8(0) + u8(2)
+        + u8(0),
+        "req-pipe-for-memfd": u8(0) + geom + reason + u8(2) + u8(3) + u8(1) + u8(0) + u8(0),
+        "req-socket-for-memfd": u8(0) + geom + reason + u8(2) + u8(4) + u8(0) + u8(0),
         "req-raw-geometry": u8(0) + u8(0x80) + u32(4096) + u32(15) + geom[1:] + reason
         + good_fds,
         "req-bad-family": u8(4) + geom + u32(1) + reason + good_fds,
         "req-version": u8(16) + geom + reason + u32(0) + u8(1) + u8(0) + good_fds,
         "req-garbage": u8(32) + geom + reason + u8(20) + bytes(range(20)) + u8(0),
         "rej": u8(1 | 2) + geom + u32(111) + u8(0),
+        "rej-after-bells": u8(1 | 2) + geom + u32(111) + u8(0) + u8(3),
         "rej-to-accept": u8(2) + geom + u32(111) + u8(0),
-        "req-to-client": u8(1) + geom + reason + good_fds,
-        # REQ_SLOT (mode 128): slot byte, then the arena (kind 0: m, m2, ...) and
-        # two eventfds
+        "req-to-client": u8(1) + geom + reason + good_fds + u8(2),
+        "bells-then-hangup": u8(1 | 32 | 64) + geom + reason + u8(0) + u8(0) + u8(3),
+        # REQ_SLOT (mode 128): slot byte, then the arena (kind 0: m, m2, ...)
         "slot-valid": u8(128) + geom + u8(0) + reason + slot_fds(0, 0),
         "slot-valid-gen-second-chunk": u8(128) + geom + u8(0x18 | 3) + reason + slot_fds(0, 1),
         "slot-closed-before-accept": u8(128) + geom + u8(0) + reason + slot_fds(16, 0),
@@ -194,6 +196,8 @@ def handshake_seeds() -> dict[str, bytes]:
         "slot-headerless-half": u8(128) + geom + u8(0) + reason + slot_fds(0, 8),
         "slot-bad-magic": u8(128) + geom + u8(0) + reason + slot_fds(4, 0, u8(9)),
         "slot-other-geometry": u8(128) + u8(1) + u8(0) + u8(0) + reason + slot_fds(0, 0),
+        "slot-two-fds": u8(128) + geom + u8(0) + reason + u8(2) + u8(0) + u8(0) + u8(0)
+        + u8(2) + u8(0),
     }
 
 

@@ -84,7 +84,7 @@ struct rsk_stats {
 	uint64_t credit_stalls;    /* send waited for message credits */
 	uint64_t space_stalls;     /* send waited for remote ring space */
 	uint64_t arms;             /* notification armed */
-	uint64_t notifies_sent;    /* eventfd writes to the peer */
+	uint64_t notifies_sent;    /* wake-ups sent to the peer */
 	uint64_t spins;            /* waits satisfied while spinning */
 	uint64_t sleeps;           /* waits that slept in poll() */
 	uint64_t cq_polls;         /* provider poll_cq calls */
@@ -104,11 +104,15 @@ int rsk_socket(rsk_sock **out);
  * is exact as poll() of a TCP socket would be (readable: data, EOF or an
  * error; writable: a send would not block) once RSK_WATCH_FD is on. */
 int rsk_fileno(rsk_sock *s);
-/* A connection's engine fds: the notify fd (see RSK_WATCH_NOTIFY) and the
- * liveness fd (readable/hang-up when the peer is gone).  An event loop
- * watches these two directly: no thread, no nested epoll. */
+/* A connection's engine fds: the notify fd (see RSK_WATCH_NOTIFY; on shm
+ * an eventfd made by this call) and the liveness fd (readable when the
+ * peer is gone; on shm also when the peer rang: its wake-ups come there).
+ * An event loop watches these two directly, calling rsk_check_peer when
+ * the liveness fd fires: no thread, no nested epoll. */
 int rsk_notify_fds(rsk_sock *s, int *notify_fd, int *live_fd);
-/* The liveness fd fired: take note of the peer's death (or its REJ). */
+/* The liveness fd fired: take its wake-ups off, and note the peer's
+ * death (or its REJ): 1 if the peer is gone.  After it the notify fd is
+ * up to date. */
 int rsk_check_peer(rsk_sock *s);
 /* What stays exact between calls (a mask; 0 turns watching off):
  * RSK_WATCH_FD: rsk_fileno of a connection polls readable while data, EOF
@@ -116,8 +120,9 @@ int rsk_check_peer(rsk_sock *s);
  *   process-wide thread follows the engine's notifications for it);
  * RSK_WATCH_NOTIFY: the notify fd of rsk_notify_fds is readable exactly
  *   while the socket is ready for the events of rsk_set_interest
- *   (RSK_POLLIN, RSK_POLLOUT), so an event loop can watch it with a
- *   reader, no thread involved.
+ *   (RSK_POLLIN, RSK_POLLOUT), as of the last call (rsk_check_peer when
+ *   the liveness fd fired), so an event loop can watch the two fds with
+ *   readers, no thread involved.
  * Each costs a syscall or two on readiness changes. */
 #define RSK_WATCH_NOTIFY 1
 #define RSK_WATCH_FD 2

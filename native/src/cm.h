@@ -173,9 +173,14 @@ const struct cm_ops *cm_for(const struct cm_dial *d);
  * fd stays open with the REQ still queued, for a later try. */
 int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		  char *detail, size_t dlen);
-/* The liveness channel has data: a REJ (0, detail filled) or -EPROTO
- * (progress.c). */
-int cm_read_reject(int fd, char *detail, size_t dlen);
+/* A record of len bytes read from the liveness channel that is not a
+ * bell: a REJ (0, detail filled) or -EPROTO (progress.c). */
+int cm_parse_reject(const void *buf, size_t len, char *detail, size_t dlen);
+/* The size of a handshake message (a REJ's record). */
+#define CM_MSG_LEN 80
+/* The local handshake's version (PROTOCOL.md, section 6): 2 since the
+ * liveness socket carries the bells (no eventfds in the REQ). */
+#define CM_LOCAL_VERSION 2
 
 /* --- the rdma manager (cm_rdma.c) ------------------------------------- */
 

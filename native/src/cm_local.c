@@ -7,14 +7,16 @@
  * disk).  The client connects (which completes as soon as the kernel
  * queues it, as TCP's connect does), checks that the listener runs under
  * its own uid, creates BOTH halves of the connection (its own, and the
- * server's with every receive posted) and sends one REQ carrying the four
- * fds (SCM_RIGHTS).  It can send data at once: it lands in the server's
+ * server's with every receive posted) and sends one REQ carrying their
+ * memfds (SCM_RIGHTS; one arena memfd for a slot of an arena).  It can send data at once: it lands in the server's
  * ring like data queued on a TCP connection not yet accepted.  accept()
  * checks the client's uid and the REQ, adopts its half and maps the
  * client's; a refusal is a REJ message followed by hang-up.  The socket
  * stays open for the life of the connection as the liveness channel: when
  * a process dies the kernel closes it and the survivor's pollable fd
- * reports it.  See native/PROTOCOL.md.  Its interface is cm.h's (struct
+ * reports it.  It is also the connection's doorbell: each side wakes the
+ * other with a record of one byte there (prov_shm.c), so that a
+ * connection holds one fd on each side.  See native/PROTOCOL.md.  Its interface is cm.h's (struct
  * cm_ops: cm_local_ops, at the end); its listener (the rendezvous fds and
  * the clients parked until their REQ) is the last part of this file.
  */
@@ -59,10 +61,10 @@ struct cm_msg {
 	struct rsk_addr src;
 	struct rsk_addr dst;
 };
-_Static_assert(sizeof(struct cm_msg) == 80, "cm_msg is 80 bytes");
+_Static_assert(sizeof(struct cm_msg) == CM_MSG_LEN, "cm_msg is 80 bytes");
 
-#define CM_REQ_FDS 4  /* REQ: client memfd, client evfd, server memfd, evfd */
-#define CM_SLOT_FDS 3 /* REQ_SLOT: arena memfd, client evfd, server evfd */
+#define CM_REQ_FDS 2  /* REQ: the client's memfd, the server's memfd */
+#define CM_SLOT_FDS 1 /* REQ_SLOT: the arena's memfd */
 
 static int cm_addr(const char *name, size_t namelen, struct sockaddr_un *sa,
 		   socklen_t *len)
@@ -180,8 +182,8 @@ static int cm_send(int fd, const struct cm_msg *m, const int *fds, int nfds)
 }
 
 /*
- * Receives one message and exactly the fds it should carry (4 for REQ,
- * 0 for REJ), waiting up to timeout_ms.  Anything else is closed and
+ * Receives one message and exactly the fds it should carry (CM_REQ_FDS
+ * for REQ, CM_SLOT_FDS for REQ_SLOT, 0 for REJ), waiting up to timeout_ms.  Anything else is closed and
  * rejected: the peer is untrusted.
  */
 static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
@@ -232,9 +234,9 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	rc = 0;
 	if (n == 0)
 		rc = -ECONNRESET;
-	else if ((mh.msg_flags & MSG_CTRUNC) && ngot < CM_REQ_FDS &&
-		 n == sizeof(*m) &&
-		 (m->kind == CM_REQ || m->kind == CM_REQ_SLOT))
+	else if ((mh.msg_flags & MSG_CTRUNC) && n == sizeof(*m) &&
+		 ((m->kind == CM_REQ && ngot < CM_REQ_FDS) ||
+		  (m->kind == CM_REQ_SLOT && ngot < CM_SLOT_FDS)))
 		/* the kernel could not give us the fds (our fd table is
 		 * full: it cannot say which limit), not the client's doing */
 		rc = -EMFILE;
@@ -244,9 +246,10 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	want = rc == 0 && m->kind == CM_REJ	   ? 0
 	       : rc == 0 && m->kind == CM_REQ_SLOT ? CM_SLOT_FDS
 						   : CM_REQ_FDS;
-	if (rc == 0 && ngot != want)
+	if (rc == 0 && ngot != want && m->version == CM_LOCAL_VERSION)
 		rc = -EPROTO;
-	if (rc) {
+	if (rc || m->version != CM_LOCAL_VERSION) {
+		/* (another version's REQ: cm_check says which, fds unused) */
 		for (i = 0; i < ngot; i++)
 			close(got[i]);
 		return rc;
@@ -276,10 +279,10 @@ static int cm_check(const struct cm_msg *m, char *detail, size_t dlen)
 			 m->kind);
 		return -EPROTO;
 	}
-	if (m->version != RSK_PROTO_VERSION) {
+	if (m->version != CM_LOCAL_VERSION) {
 		snprintf(detail, dlen,
 			 "handshake: peer speaks protocol version %u, we speak %u",
-			 m->version, RSK_PROTO_VERSION);
+			 m->version, CM_LOCAL_VERSION);
 		return -EPROTONOSUPPORT;
 	}
 	if (!cm_geom_ok(m->ring_size, m->qdepth) ||
@@ -304,12 +307,11 @@ static int cm_fault_wrap(struct cm_result *res)
 /* Our half of a connection: a QP with every receive posted. */
 /* Our half of a connection: a QP with every receive posted, on a slot of
  * the arena we share with the server key (its pid) if key, else on a
- * segment of its own (then *srv_memfd and *srv_evfd are -1).  On the
- * arena, *slot and *gen name the slot, and *memfd and *srv_evfd are the
- * arena's and the server's (kept by the arena and the QP). */
+ * segment of its own (then *memfd is -1).  On the arena, *slot and *gen
+ * name the slot, and *memfd is the arena's (kept by the arena). */
 static int cm_make_qp(const struct rsk_opts *o, uint32_t key, uint64_t name,
-		      struct cm_result *res, int *memfd, int *srv_evfd,
-		      uint32_t *slot, uint32_t *gen)
+		      struct cm_result *res, int *memfd, uint32_t *slot,
+		      uint32_t *gen)
 {
 	uint32_t i;
 	int rc;
@@ -319,12 +321,12 @@ static int cm_make_qp(const struct rsk_opts *o, uint32_t key, uint64_t name,
 	memset(res, 0, sizeof(*res));
 	res->live_fd = -1;
 	res->ops = &shm_ops;
-	*memfd = *srv_evfd = -1;
+	*memfd = -1;
 	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
 	if (rc < 0)
 		return rc;
 	rc = key ? shm_arena_connect(key, name, o->ring_size, o->qdepth,
-				     &res->qp, memfd, slot, gen, srv_evfd)
+				     &res->qp, memfd, slot, gen)
 		 : -ENOENT;
 	if (rc) /* no arena (whatever the reason): a segment of its own */
 		rc = shm_qp_create(o->ring_size, o->qdepth, &res->qp);
@@ -357,7 +359,7 @@ static void cm_fill(struct cm_msg *m, int kind, const struct rsk_opts *o)
 {
 	memset(m, 0, sizeof(*m));
 	m->magic = CM_MAGIC;
-	m->version = RSK_PROTO_VERSION;
+	m->version = CM_LOCAL_VERSION;
 	m->kind = (uint8_t)kind;
 	if (o) {
 		m->ring_size = o->ring_size;
@@ -436,9 +438,8 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
 	if (rc >= 0 && req.kind == CM_REQ_SLOT) {
 		rc = shm_arena_accept(fds[0], req.ring_size, req.qdepth,
-				      req.slot, req.gen, fds[2], fds[1],
-				      &res->qp);
-		fds[0] = fds[1] = fds[2] = -1; /* consumed */
+				      req.slot, req.gen, &res->qp);
+		fds[0] = -1; /* consumed */
 		if (rc) {
 			snprintf(detail, dlen, rc == -ECONNRESET
 				 ? "handshake: the client gave up its slot"
@@ -450,16 +451,16 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		goto adopted;
 	}
 	if (rc >= 0) {
-		rc = shm_qp_adopt(req.srv_ring_size, req.srv_qdepth, fds[2],
-				  fds[3], &res->qp);
-		fds[2] = fds[3] = -1; /* consumed */
+		rc = shm_qp_adopt(req.srv_ring_size, req.srv_qdepth, fds[1],
+				  &res->qp);
+		fds[1] = -1; /* consumed */
 	}
 	if (rc) {
 		snprintf(detail, dlen, "handshake: cannot take our half");
 		goto reject;
 	}
-	rc = shm_qp_attach(res->qp, fds[0], fds[1], req.ring_size, req.qdepth);
-	fds[0] = fds[1] = -1; /* consumed */
+	rc = shm_qp_attach(res->qp, fds[0], req.ring_size, req.qdepth);
+	fds[0] = -1; /* consumed */
 	if (rc) {
 		snprintf(detail, dlen, "handshake: cannot map the client's ring");
 		goto reject;
@@ -496,24 +497,18 @@ reject:
 	return rc;
 }
 
-int cm_read_reject(int fd, char *detail, size_t dlen)
+int cm_parse_reject(const void *buf, size_t len, char *detail, size_t dlen)
 {
 	struct cm_msg m;
-	int fds[CM_REQ_FDS], rc;
 
-	rc = cm_recv(fd, &m, fds, 0, 0);
-	if (rc == 0 && m.kind == CM_REJ) {
-		snprintf(detail, dlen, "the listener refused the connection: %s",
-			 strerror(m.reason));
-		return 0;
-	}
-	if (rc == 0) {
-		int i;
-
-		for (i = 0; i < CM_REQ_FDS; i++)
-			close(fds[i]);
-	}
-	return -EPROTO;
+	if (len != sizeof(m))
+		return -EPROTO;
+	memcpy(&m, buf, sizeof(m));
+	if (m.magic != CM_MAGIC || m.kind != CM_REJ)
+		return -EPROTO;
+	snprintf(detail, dlen, "the listener refused the connection: %s",
+		 strerror(m.reason));
+	return 0;
 }
 
 static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
@@ -525,8 +520,8 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	struct sockaddr_un sa;
 	struct cm_msg req;
 	socklen_t len;
-	int fd, rc, srv_memfd = -1, srv_evfd = -1, fds[CM_REQ_FDS];
-	int blocking = 0, nfds, kind, qp_evfd;
+	int fd, rc, srv_memfd = -1, fds[CM_REQ_FDS];
+	int blocking = 0, nfds, kind;
 	uint32_t pid = 0, slot = 0, gen = 0;
 	uint64_t name;
 
@@ -551,10 +546,10 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	 * listener's readiness means); checked against the server's pid
 	 * after.  (None yet, or RSOCK_FAULT malformed: made after.) */
 	name = cm_name_hash(d->name, d->namelen);
-	fds[0] = qp_evfd = -1;
+	fds[0] = -1;
 	if (fault_config() >= 0 &&
 	    shm_arena_connect(0, name, o->ring_size, o->qdepth, &res->qp,
-			      &fds[0], &slot, &gen, &qp_evfd) == 0)
+			      &fds[0], &slot, &gen) == 0)
 		res->ops = &shm_ops;
 	/* Non-blocking first (the usual case: the backlog has room, and it
 	 * costs nothing more).  If the backlog is full and we may wait, the
@@ -623,25 +618,20 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		shm_ops.destroy(res->qp);
 		res->qp = NULL;
 	}
-	rc = cm_make_qp(o, pid, name, res, &fds[0], &qp_evfd, &slot, &gen);
+	rc = cm_make_qp(o, pid, name, res, &fds[0], &slot, &gen);
 	if (rc)
 		goto out;
 	nfds = CM_SLOT_FDS;
 	kind = CM_REQ_SLOT;
 	if (fds[0] < 0) {
-		rc = shm_half_create(o->ring_size, o->qdepth, &srv_memfd,
-				     &srv_evfd);
+		rc = shm_half_create(o->ring_size, o->qdepth, &srv_memfd);
 		if (rc)
 			goto out;
 		fds[0] = shm_qp_memfd(res->qp);
-		fds[2] = srv_memfd;
-		fds[3] = srv_evfd;
+		fds[1] = srv_memfd;
 		nfds = CM_REQ_FDS;
 		kind = CM_REQ;
-	} else {
-		fds[2] = qp_evfd; /* the QP's */
 	}
-	fds[1] = shm_qp_evfd(res->qp);
 	cm_fill(&req, kind, o);
 	if (kind == CM_REQ) {
 		req.srv_ring_size = o->ring_size;
@@ -663,9 +653,8 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		shm_arena_sent(res->qp);
 	if (kind == CM_REQ) {
 		/* map the server's half (created here, its fds just went out) */
-		rc = shm_qp_attach(res->qp, srv_memfd, srv_evfd, o->ring_size,
-				   o->qdepth);
-		srv_memfd = srv_evfd = -1; /* consumed */
+		rc = shm_qp_attach(res->qp, srv_memfd, o->ring_size, o->qdepth);
+		srv_memfd = -1; /* consumed */
 		if (rc)
 			goto out;
 		shm_qp_drop_memfd(res->qp);
@@ -685,8 +674,6 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 out:
 	if (srv_memfd >= 0)
 		close(srv_memfd);
-	if (srv_evfd >= 0)
-		close(srv_evfd);
 	close(fd);
 	cm_result_release(res);
 	return rc;

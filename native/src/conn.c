@@ -19,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,6 +48,8 @@ int rsk_notify_fds(rsk_sock *s, int *notify_fd, int *live_fd)
 	} else {
 		*notify_fd = s->p.ops->notify_fd(s->p.qp);
 		*live_fd = s->live_fd;
+		if (*notify_fd < 0)
+			rc = *notify_fd;
 	}
 	eng_leave(s);
 	return rc;
@@ -56,7 +61,15 @@ int rsk_check_peer(rsk_sock *s)
 
 	if ((rc = eng_enter(s)))
 		return rc;
-	if (s->kind == K_CONN) {
+	if (s->kind == K_CONN && s->bell && s->live_drained &&
+	    !(s->p.flags & F_PEER_GONE)) {
+		/* The bells were read to the end since the last look (the
+		 * caller's reads acknowledged the wake-up that brought it
+		 * here): no syscall.  Whatever came since keeps the fd
+		 * readable, and its watcher calls again. */
+		s->live_drained = 0;
+	} else if (s->kind == K_CONN) {
+		s->live_drained = 0;
 		eng_progress(s);
 		rc = eng_poll_live(s);
 	}
@@ -109,30 +122,85 @@ static int eng_quiet(rsk_sock *s)
 typedef int (*eng_pred)(const rsk_sock *s);
 
 
-/* What eng_wait sleeps on (no epoll fd per connection: two fds are
- * cheaper to poll than an epoll set is to make): the notify fd and, until
- * the peer is gone, the liveness fd of a connection, and Python's wakeup
- * fd.  Set up under s->lock, polled without it. */
+/* The calling thread's kick eventfd, made at its first sleep on a
+ * connection's fds and closed when the thread ends (or forgotten in a
+ * fork's child, whose copy the parent's thread shares): another thread
+ * that must wake the sleeper (close, shutdown, the end of a zero-copy
+ * receive) writes it, so that a connection needs no fd of its own for
+ * that.  -1 if none can be made (the sleeper then looks every 100 ms). */
+static __thread int eng_tkfd = -1;
+static pthread_key_t eng_tk_key;
+static pthread_once_t eng_tk_once = PTHREAD_ONCE_INIT;
+
+static void eng_tk_close(void *v)
+{
+	close((int)(intptr_t)v - 1);
+}
+
+static void eng_tk_child(void)
+{
+	if (eng_tkfd >= 0)
+		close(eng_tkfd); /* (the parent's thread keeps its own) */
+	eng_tkfd = -1;
+	pthread_setspecific(eng_tk_key, NULL);
+}
+
+static void eng_tk_init(void)
+{
+	pthread_key_create(&eng_tk_key, eng_tk_close);
+	pthread_atfork(NULL, NULL, eng_tk_child);
+}
+
+static int eng_thread_kfd(void)
+{
+	if (eng_tkfd < 0) {
+		pthread_once(&eng_tk_once, eng_tk_init);
+		eng_tkfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (eng_tkfd >= 0)
+			pthread_setspecific(eng_tk_key,
+					    (void *)(intptr_t)(eng_tkfd + 1));
+	}
+	return eng_tkfd;
+}
+
+void eng_kick_waiter(rsk_sock *s)
+{
+	if (s->fd_waiter && s->waiter_kfd >= 0)
+		(void)eventfd_write(s->waiter_kfd, 1);
+}
+
+/* What eng_wait sleeps on (no epoll fd per connection: a few fds are
+ * cheaper to poll than an epoll set is to make): the provider's wait fd
+ * if it has one, the liveness fd until the peer is gone (on shm it also
+ * carries the peer's bells), the thread's kick eventfd, and Python's
+ * wakeup fd.  Set up under s->lock, polled without it. */
 struct eng_pollset {
-	struct pollfd p[3];
-	int n, i_live, i_sig, sigfd;
+	struct pollfd p[4];
+	int n, i_live, i_sig, i_kick, sigfd;
 };
 
-static void eng_pollset(const rsk_sock *s, int sigfd, struct eng_pollset *w)
+static void eng_pollset(const rsk_sock *s, int sigfd, int kfd,
+			struct eng_pollset *w)
 {
 	w->n = 0;
-	w->i_live = w->i_sig = -1;
+	w->i_live = w->i_sig = w->i_kick = -1;
 	w->sigfd = sigfd;
 	if (s->kind == K_CONN) {
-		w->p[w->n++] = (struct pollfd){
-			.fd = s->p.ops->notify_fd(s->p.qp), .events = POLLIN
-		};
+		int wfd = eng_wait_fd(s);
+
+		if (wfd >= 0)
+			w->p[w->n++] = (struct pollfd){ .fd = wfd,
+							.events = POLLIN };
 		if (s->live_fd >= 0 && !(s->p.flags & F_PEER_GONE)) {
 			w->i_live = w->n;
 			w->p[w->n++] = (struct pollfd){
 				.fd = s->live_fd, .events = POLLIN | POLLRDHUP
 			};
 		}
+	}
+	if (kfd >= 0) {
+		w->i_kick = w->n;
+		w->p[w->n++] = (struct pollfd){ .fd = kfd, .events = POLLIN };
 	}
 	if (sigfd >= 0) {
 		w->i_sig = w->n;
@@ -147,9 +215,16 @@ static int eng_poll_wait(struct eng_pollset *w, int ms, int *live)
 	int rc;
 
 	*live = 0;
+	if (w->i_kick < 0 && (ms < 0 || ms > 100))
+		ms = 100; /* no kick eventfd: look now and then */
 	rc = poll(w->p, (nfds_t)w->n, ms);
 	if (rc <= 0)
 		return rc;
+	if (w->i_kick >= 0 && w->p[w->i_kick].revents) {
+		eventfd_t v;
+
+		(void)eventfd_read(w->p[w->i_kick].fd, &v);
+	}
 	if (w->i_sig >= 0 && w->p[w->i_sig].revents && eng_sig_came(w->sigfd)) {
 		errno = EINTR;
 		return -1;
@@ -198,7 +273,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 	int64_t spin_end = 0, sig_look = 0;
 	int sigfd = eng_my_sigfd();
 	struct eng_pollset w;
-	int n, live, rc;
+	int n, live, rc, kfd;
 
 	for (;;) {
 		eng_progress(s);
@@ -254,6 +329,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			continue;
 		}
 		s->fd_waiter = 1;
+		s->waiter_kfd = kfd = eng_thread_kfd();
 		if (s->kind == K_CONN && !(s->p.flags & F_DEAD)) {
 			s->p.ops->arm(s->p.qp);
 			s->st.arms++;
@@ -264,16 +340,16 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			}
 		}
 		s->st.sleeps++;
-		eng_pollset(s, sigfd, &w);
+		eng_pollset(s, sigfd, kfd, &w);
 		pthread_mutex_unlock(&s->lock);
 		n = eng_poll_wait(&w, eng_ms_left(deadline), &live);
 		rc = n < 0 ? -errno : 0;
 		pthread_mutex_lock(&s->lock);
 		s->fd_waiter = 0;
+		s->waiter_kfd = -1;
 		if (s->kind == K_CONN && !s->released) {
-			s->p.ops->ack(s->p.qp);
-			s->kicked = 0;
-			if (live)
+			eng_ack(s);
+			if (live && !s->bell)
 				eng_check_live(s);
 		}
 		eng_wake(s);
@@ -515,8 +591,8 @@ int rsk_recv_done(rsk_sock *s, size_t n)
 			eng_consume(s, n);
 		/* a receiver that slept as fd waiter while we held the head
 		 * must look again: wake it */
-		if (s->fd_waiter && s->kind == K_CONN)
-			s->p.ops->kick(s->p.qp);
+		if (s->kind == K_CONN)
+			eng_kick_waiter(s);
 	}
 	eng_wake(s);
 	eng_leave(s); /* drops the user taken by rsk_recv_zc */
@@ -539,16 +615,14 @@ int rsk_shutdown(rsk_sock *s, int how)
 		if (how != RSK_SHUT_WR) {
 			s->p.flags |= F_RD_SHUT;
 			eng_wake(s);
-			if (s->fd_waiter)
-				s->p.ops->kick(s->p.qp);
+			eng_kick_waiter(s);
 		}
 		if (how != RSK_SHUT_RD && !(s->p.flags & F_WR_SHUT)) {
 			eng_progress(s);
 			proto_shutdown_wr(&s->p);
 			/* a sender blocked in another thread fails now (EPIPE) */
 			eng_wake_due(s);
-			if (s->fd_waiter)
-				s->p.ops->kick(s->p.qp);
+			eng_kick_waiter(s);
 		}
 	}
 	eng_leave(s);

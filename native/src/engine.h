@@ -49,6 +49,7 @@ struct rsk_sock {
 	int closed;   /* rsk_close called: new calls get -EBADF */
 	int released; /* rings and fds gone */
 	int fd_waiter;
+	int waiter_kfd; /* the fd_waiter's thread's kick eventfd (or -1) */
 	int watch;    /* RSK_WATCH_NOTIFY | RSK_WATCH_FD */
 	int interest; /* RSK_POLLIN/RSK_POLLOUT that make the fd readable */
 	int kicked; /* we made our own notify fd readable */
@@ -70,6 +71,9 @@ struct rsk_sock {
 	 * p.qp) and what the engine adds around it */
 	struct proto p;
 	int live_fd;
+	int bell; /* the peer rings live_fd (prov set_bell): it carries the
+		   * peer's wake-ups as well as its hang-up */
+	int live_drained; /* its bells read to the end since rsk_check_peer */
 	int64_t live_next; /* next liveness look of a sender (eng_live_tick) */
 	int64_t hup_at; /* the CM reported the peer's end with no FIN seen:
 			 * a reset unless a FIN arrives by hup_at (0: no) */
@@ -89,6 +93,7 @@ struct rsk_sock {
 	int filled; /* fa's send buffer is shrunk: not writable */
 	int dialing; /* K_NEW: rsk_set_dialing (fa not writable) */
 	int refused; /* K_NEW: rsk_set_refused (fb closed; eng_fd_renew) */
+	int wfd;    /* the wait fd the watcher registered (eng_wait_fd) */
 	int wslot;  /* our slot in the watcher thread's table, -1 if none
 		     * (taken and dropped under s->lock; the table's own lock
 		     * comes after it) */
@@ -97,6 +102,14 @@ struct rsk_sock {
 
 /* sock.c and progress.c, for the API files and readiness.c (s->lock: see
  * struct rsk_sock) */
+/* The fd besides the liveness fd that tells of s's completions (prov.h:
+ * wait_fd), or -1. */
+static inline int eng_wait_fd(const rsk_sock *s)
+{
+	return s->p.ops->wait_fd ? s->p.ops->wait_fd(s->p.qp)
+				 : s->p.ops->notify_fd(s->p.qp);
+}
+
 /* Enter an API call on s: its lock, -EBADF if closed, counted as a user. */
 int eng_enter(rsk_sock *s);
 /* Leave it: fileno() brought up to date, the lock released. */
@@ -158,8 +171,20 @@ int eng_listen_shared(const rsk_sock *s);
 /* progress.c (s->lock held) */
 /* Wake waiters if the protocol said something changed (proto.wake). */
 void eng_wake_due(rsk_sock *s);
-/* The liveness channel fired: closed (peer gone) or a protocol error. */
+/* The liveness channel fired: the peer's bells taken off it (s->bell),
+ * and closed (peer gone) or a protocol error handled. */
 void eng_check_live(rsk_sock *s);
+/* What the liveness socket fd held, its bells (records of one byte)
+ * taken off: nothing else (LIVE_QUIET), the end (LIVE_HUP), a REJ
+ * (LIVE_REJ, why filled) or anything else (LIVE_BAD); reads at most a few
+ * dozen records (progress.c). */
+enum { LIVE_QUIET, LIVE_HUP, LIVE_REJ, LIVE_BAD };
+int eng_live_read(int fd, char *why, size_t wlen);
+/* Consume the notifications that woke us: the provider's, and the bells
+ * on the liveness channel (s->bell). */
+void eng_ack(rsk_sock *s);
+/* Wake the thread that sleeps in poll on s's fds (the fd_waiter). */
+void eng_kick_waiter(rsk_sock *s);
 /* A sender's look at the liveness channel, at most every LIVE_TICK_NS. */
 void eng_live_tick(rsk_sock *s);
 /* The connection is unusable from now on; tell the peer if we can. */

@@ -98,11 +98,65 @@ static int eng_hup_grace(rsk_sock *s)
 	return 0;
 }
 
-/* The liveness channel fired: closed (peer gone) or a protocol error. */
+#define LIVE_BATCH 8
+#define LIVE_ROUNDS 4
+
+/*
+ * Reads the records the peer sent on the liveness socket: bells (one byte:
+ * it wrote into our ring while we were armed) are taken off and forgotten;
+ * the first other record says how the connection ends: hang-up (the end of
+ * the stream), a REJ (why filled), or anything else (a protocol
+ * violation).  At most LIVE_ROUNDS * LIVE_BATCH records a call, so that a
+ * peer that floods bells cannot hold us: the fd stays readable and we come
+ * back.  Fds sent along are never installed (no control buffer).
+ */
+int eng_live_read(int fd, char *why, size_t wlen)
+{
+	char buf[LIVE_BATCH][CM_MSG_LEN + 1];
+	struct mmsghdr mm[LIVE_BATCH];
+	struct iovec iov[LIVE_BATCH];
+	int n, i, r;
+
+	for (r = 0; r < LIVE_ROUNDS; r++) {
+		memset(mm, 0, sizeof(mm));
+		for (i = 0; i < LIVE_BATCH; i++) {
+			iov[i] = (struct iovec){ buf[i], sizeof(buf[i]) };
+			mm[i].msg_hdr.msg_iov = &iov[i];
+			mm[i].msg_hdr.msg_iovlen = 1;
+		}
+		n = recvmmsg(fd, mm, LIVE_BATCH, MSG_DONTWAIT, NULL);
+		if (n < 0)
+			return errno == EAGAIN || errno == EINTR ? LIVE_QUIET
+								 : LIVE_HUP;
+		for (i = 0; i < n; i++) {
+			unsigned len = mm[i].msg_len;
+
+			if (len == 1 && buf[i][0] == SHM_BELL &&
+			    !(mm[i].msg_hdr.msg_flags & MSG_CTRUNC))
+				continue;
+			if (len == 0)
+				return LIVE_HUP; /* (a hostile empty record
+						  * too: it may as well close) */
+			return !(mm[i].msg_hdr.msg_flags & MSG_TRUNC) &&
+					       cm_parse_reject(buf[i], len, why,
+							       wlen) == 0
+				       ? LIVE_REJ
+				       : LIVE_BAD;
+		}
+		if (n < LIVE_BATCH)
+			break;
+	}
+	return LIVE_QUIET;
+}
+
+/* The liveness channel fired: closed (peer gone) or a protocol error.
+ * Bells on it are read only by whoever sleeps on it (the fd_waiter) while
+ * there is one, or they would be lost to it: another caller then only
+ * looks for a hang-up. */
 void eng_check_live(rsk_sock *s)
 {
-	char b, why[sizeof(s->detail)];
-	ssize_t n;
+	char why[sizeof(s->detail)];
+	int what;
 
 	if (s->live_fd < 0 || (s->p.flags & F_PEER_GONE))
 		return;
@@ -110,27 +164,46 @@ void eng_check_live(rsk_sock *s)
 		/* the provider's CM says (it has no reject messages) */
 		if (!s->p.ops->live_event(s->p.qp))
 			return;
-		n = 0;
+		what = LIVE_HUP;
 	} else {
-		n = recv(s->live_fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
-		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		if (s->bell && s->fd_waiter) {
+			struct pollfd p = { .fd = s->live_fd,
+					    .events = POLLRDHUP };
+
+			if (poll(&p, 1, 0) <= 0 ||
+			    !(p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+				return;
+		}
+		what = eng_live_read(s->live_fd, why, sizeof(why));
+		if (what == LIVE_QUIET) {
+			s->live_drained = 1;
 			return;
+		}
 	}
 	/* gone: take in whatever it wrote before dying, then stop watching */
 	eng_progress(s);
 	if ((s->p.flags & F_PEER_GONE) ||
-	    (!(s->p.flags & (F_PEER_FIN | F_DEAD)) && s->kind == K_CONN &&
-	     s->p.ops->completions_lag && s->p.ops->completions_lag(s->p.qp) &&
-	     eng_hup_grace(s)))
+	    (what == LIVE_HUP && !(s->p.flags & (F_PEER_FIN | F_DEAD)) &&
+	     s->kind == K_CONN && s->p.ops->completions_lag &&
+	     s->p.ops->completions_lag(s->p.qp) && eng_hup_grace(s)))
 		return; /* (ended by a fenced flush meanwhile, or not yet) */
 	eng_set_gone(s);
-	if (n > 0 && cm_read_reject(s->live_fd, why, sizeof(why)) == 0)
+	if (what == LIVE_REJ)
 		eng_fail(s, ECONNRESET, 0, "%s", why);
-	else if (n > 0)
+	else if (what == LIVE_BAD)
 		eng_fail(s, ECONNRESET, 1,
-			 "protocol violation: data on the liveness channel");
+			 "protocol violation: a record on the liveness "
+			 "channel that is neither a bell nor a refusal");
 	else if (!(s->p.flags & F_PEER_FIN) && !(s->p.flags & F_DEAD))
 		eng_fail(s, ECONNRESET, 0, "peer vanished without closing");
+}
+
+void eng_ack(rsk_sock *s)
+{
+	s->p.ops->ack(s->p.qp);
+	s->kicked = 0;
+	if (s->bell)
+		eng_check_live(s);
 }
 
 /* Non-blocking look at the liveness channel; 1 if the peer is gone. */

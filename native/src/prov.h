@@ -59,13 +59,25 @@ struct prov_ops {
 	int (*armed)(struct prov_qp *qp);
 	/* Consume notifications (make the notify fd unreadable). */
 	void (*ack)(struct prov_qp *qp);
-	/* Make the notify fd readable ourselves (wake local waiters). */
+	/* Make the notify fd readable ourselves (RSK_WATCH_NOTIFY: an event
+	 * loop's reader runs). */
 	void (*kick)(struct prov_qp *qp);
+	/* The fd an event loop watches (with the liveness fd), or -errno: a
+	 * provider may make it at the first call. */
 	int (*notify_fd)(struct prov_qp *qp);
+	/* The fd, besides the liveness fd, that a thread waiting for a
+	 * completion polls, or -1 for none (shm: the peer rings the liveness
+	 * socket).  NULL: notify_fd. */
+	int (*wait_fd)(struct prov_qp *qp);
+	/* The peer wakes us with a record of one byte (SHM_BELL) on the
+	 * liveness socket fd (the engine's, which reads the bells with the
+	 * hang-up), and we wake it there: 0.  NULL: the provider has its own
+	 * notification. */
+	int (*set_bell)(struct prov_qp *qp, int fd);
 	/* A shared word that both processes of a fork see (our own segment):
 	 * the pid of the process that uses the connection. */
 	uint32_t *(*owner_word)(struct prov_qp *qp);
-	/* Eventfd writes made to wake the peer. */
+	/* Wake-ups sent to the peer (bells, or eventfd writes). */
 	uint64_t (*notifies_sent)(struct prov_qp *qp);
 	/* The connection's liveness fd (from the CM) fired: 1 if the peer
 	 * is gone, 0 if not.  NULL: the liveness fd is the local CM's Unix
@@ -106,26 +118,28 @@ extern const struct prov_ops verbs_ops;
 
 extern const struct prov_ops shm_ops;
 
+/* A bell: the one byte of a wake-up record on the liveness socket
+ * (PROTOCOL.md, section 7). */
+#define SHM_BELL 0
+
 /* Creates our half: a sealed 0600 memfd holding our header, our receive
- * CQ and our recv area, plus our notify eventfd.  Posts nothing. */
+ * CQ and our recv area.  Posts nothing. */
 int shm_qp_create(uint32_t ring_size, uint32_t qdepth, struct prov_qp **out);
-/* The fds to hand to the peer (still owned by the qp). */
+/* The fd to hand to the peer (still owned by the qp). */
 int shm_qp_memfd(struct prov_qp *qp);
-int shm_qp_evfd(struct prov_qp *qp);
 /* Our recv area (ctrl slots + ring). */
 uint8_t *shm_qp_area(struct prov_qp *qp);
-/* Maps the peer's half from the fds it sent (both are consumed: closed
- * on failure, kept or closed by the qp on success).  Checks the memfd's
- * seals and size against the peer's announced geometry. */
-int shm_qp_attach(struct prov_qp *qp, int memfd, int evfd,
-		  uint32_t ring_size, uint32_t qdepth);
+/* Maps the peer's half from the memfd it sent (consumed: closed either
+ * way).  Checks the memfd's seals and size against the peer's announced
+ * geometry. */
+int shm_qp_attach(struct prov_qp *qp, int memfd, uint32_t ring_size,
+		  uint32_t qdepth);
 /* Creates the peer's half for it (a client does this for the server, so
  * that connect() needs no answer): a sealed segment whose receives are
- * all posted, and its notify eventfd.  Nothing stays mapped. */
-int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd,
-		    int *evfd);
-/* Takes a half the peer created as our own (both fds consumed). */
-int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
+ * all posted.  Nothing stays mapped. */
+int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd);
+/* Takes a half the peer created as our own (memfd consumed). */
+int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd,
 		 struct prov_qp **out);
 /* Close the memfd once the peer has it (mappings stay). */
 void shm_qp_drop_memfd(struct prov_qp *qp);
@@ -133,26 +147,24 @@ void shm_qp_drop_memfd(struct prov_qp *qp);
 /* Arenas (a process pair's connections carved out of one memfd; see
  * prov_shm.c).  The client's QP on a free slot of its arena for the
  * server key (its pid) and geometry, made if needed, with both halves
- * initialised (the server's receives posted, ours not) and both eventfds
- * made: *memfd (the arena's, still ours), *slot, *gen and *srv_evfd (the
- * qp's) go in the REQ.  name (a hash of the rendezvous name) is recorded;
+ * initialised (the server's receives posted, ours not): *memfd (the
+ * arena's, still ours), *slot and *gen go in the REQ.  name (a hash of the rendezvous name) is recorded;
  * with key 0 (before the connect tells the server's pid) the slot comes
  * only from the arena that served that name last, else -ENOENT; then
  * shm_arena_key_ok says whether it is the server's after all.  0 or
  * -errno. */
 int shm_arena_connect(uint32_t key, uint64_t name, uint32_t ring_size,
 		      uint32_t qdepth, struct prov_qp **out, int *memfd,
-		      uint32_t *slot, uint32_t *gen, int *srv_evfd);
+		      uint32_t *slot, uint32_t *gen);
 int shm_arena_key_ok(struct prov_qp *qp, uint32_t key);
 /* The client's REQ_SLOT for qp went out: from now on, closing before the
  * server took the slot leaves it to the server (ARENA_P), not free. */
 void shm_arena_sent(struct prov_qp *qp);
-/* The server's QP on the slot of the arena memfd that a REQ named (all
- * three fds consumed): -EPROTO for anything that does not check out,
+/* The server's QP on the slot of the arena memfd that a REQ named (memfd
+ * consumed): -EPROTO for anything that does not check out,
  * -ECONNRESET if the client gave the slot up before this accept. */
 int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
-		     uint32_t slot, uint32_t gen, int evfd, int peer_evfd,
-		     struct prov_qp **out);
+		     uint32_t slot, uint32_t gen, struct prov_qp **out);
 /* Drops every arena no connection of this process uses: how many. */
 int shm_arena_trim(void);
 

@@ -504,6 +504,20 @@ static int fault_notify_fd(struct prov_qp *q)
 	return q->epfd >= 0 ? q->epfd : q->io->notify_fd(q->iq);
 }
 
+/* The delay's timer must wake a waiter too: the epoll set then. */
+static int fault_wait_fd(struct prov_qp *q)
+{
+	if (q->epfd >= 0)
+		return q->epfd;
+	return q->io->wait_fd ? q->io->wait_fd(q->iq)
+			      : q->io->notify_fd(q->iq);
+}
+
+static int fault_set_bell(struct prov_qp *q, int fd)
+{
+	return q->io->set_bell ? q->io->set_bell(q->iq, fd) : -EOPNOTSUPP;
+}
+
 static uint32_t *fault_owner_word(struct prov_qp *q)
 {
 	return q->io->owner_word(q->iq);
@@ -547,6 +561,8 @@ static const struct prov_ops fault_ops_tmpl = {
 	.ack = fault_ack,
 	.kick = fault_kick,
 	.notify_fd = fault_notify_fd,
+	.wait_fd = fault_wait_fd,
+	.set_bell = fault_set_bell,
 	.owner_word = fault_owner_word,
 	.notifies_sent = fault_notifies_sent,
 	.completions_lag = fault_completions_lag,
@@ -596,6 +612,8 @@ static int fault_delay_init(struct prov_qp *q)
 	if (q->epfd < 0)
 		return -errno;
 	ev.data.fd = q->io->notify_fd(q->iq);
+	if (ev.data.fd < 0)
+		return ev.data.fd;
 	if (epoll_ctl(q->epfd, EPOLL_CTL_ADD, ev.data.fd, &ev) < 0)
 		return -errno;
 	ev.data.fd = q->tfd;

@@ -15,8 +15,10 @@
  * The owner posts receives (rq_prod) and consumes completions (cq_cons);
  * the peer, acting as the "HCA" of a write, copies the payload into the
  * area, consumes one posted receive, appends a completion (cq_prod) and,
- * only if the owner armed notification, clears `armed` and writes the
- * owner's eventfd.  Arming is a Dekker pair: the owner stores armed=1 then
+ * only if the owner armed notification, clears `armed` and rings the
+ * owner's bell: a 1-byte record on the connection's liveness socket (the
+ * engine's fd, handed over by set_bell), so that a connection holds no fd
+ * of its own for notifications.  Arming is a Dekker pair: the owner stores armed=1 then
  * re-reads cq_prod; the writer stores cq_prod then reads armed; both with
  * seq_cst, so one of them always sees the other.
  *
@@ -38,6 +40,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -87,8 +90,8 @@ struct prov_qp {
 	struct shm_seg l; /* ours: peer writes into it */
 	struct shm_seg r; /* the peer's: we write into it */
 	int memfd;
-	int evfd;      /* ours, the peer writes it */
-	int peer_evfd; /* the peer's, we write it */
+	int bell; /* the liveness socket (the engine's): we ring the peer there */
+	int kfd;  /* an eventfd made at first need: the notify fd (kick) */
 	int err;
 	/* receive side (private mirror of our shared counters) */
 	uint32_t rq_prod;
@@ -171,7 +174,7 @@ static struct prov_qp *qp_alloc(uint32_t qdepth)
 
 	if (!qp)
 		return NULL;
-	qp->memfd = qp->evfd = qp->peer_evfd = -1;
+	qp->memfd = qp->bell = qp->kfd = -1;
 	qp->rq_wrid = calloc(qdepth, sizeof(uint64_t));
 	if (!qp->rq_wrid) {
 		free(qp);
@@ -196,11 +199,6 @@ int shm_qp_create(uint32_t ring_size, uint32_t qdepth, struct prov_qp **out)
 		goto fail;
 	qp->memfd = rc;
 	seg_layout(&qp->l, base, ring_size, qdepth);
-	qp->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (qp->evfd < 0) {
-		rc = -errno;
-		goto fail;
-	}
 	*out = qp;
 	return 0;
 fail:
@@ -208,7 +206,7 @@ fail:
 	return rc;
 }
 
-int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd, int *evfd)
+int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd)
 {
 	uint8_t *base;
 	int fd;
@@ -221,13 +219,6 @@ int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd, int *evfd)
 	/* every receive of the future owner is posted from the start */
 	((struct shm_hdr *)base)->rq_prod = qdepth;
 	munmap(base, seg_size(ring_size, qdepth));
-	*evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (*evfd < 0) {
-		int rc = -errno;
-
-		close(fd);
-		return rc;
-	}
 	*memfd = fd;
 	return 0;
 }
@@ -235,11 +226,6 @@ int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd, int *evfd)
 int shm_qp_memfd(struct prov_qp *qp)
 {
 	return qp->memfd;
-}
-
-int shm_qp_evfd(struct prov_qp *qp)
-{
-	return qp->evfd;
 }
 
 uint8_t *shm_qp_area(struct prov_qp *qp)
@@ -252,17 +238,6 @@ void shm_qp_drop_memfd(struct prov_qp *qp)
 	if (qp->memfd >= 0)
 		close(qp->memfd);
 	qp->memfd = -1;
-}
-
-static int is_eventfd(int fd)
-{
-	static const char want[] = "anon_inode:[eventfd]";
-	char path[64], link[sizeof(want) + 1];
-	ssize_t n;
-
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	n = readlink(path, link, sizeof(link));
-	return n == (ssize_t)sizeof(want) - 1 && !memcmp(link, want, (size_t)n);
 }
 
 /* Maps a segment the peer created after checking it cannot hurt us: a
@@ -297,42 +272,17 @@ static int seg_map_checked(int memfd, uint32_t ring_size, uint32_t qdepth,
 	return 0;
 }
 
-/* An eventfd we may write (or read) without ever blocking. */
-static int evfd_checked(int evfd)
-{
-	int fl;
-
-	if (!is_eventfd(evfd))
-		return -EPROTO;
-	fl = fcntl(evfd, F_GETFL);
-	if (fl < 0)
-		return -errno;
-	/* (the peer made it non-blocking, as ours makes them: one call) */
-	if (!(fl & O_NONBLOCK) && fcntl(evfd, F_SETFL, fl | O_NONBLOCK) < 0)
-		return -errno;
-	return 0;
-}
-
-int shm_qp_attach(struct prov_qp *qp, int memfd, int evfd, uint32_t ring_size,
+int shm_qp_attach(struct prov_qp *qp, int memfd, uint32_t ring_size,
 		  uint32_t qdepth)
 {
 	uint8_t *base;
 	int rc = -EPROTO;
 
-	if (qp->r.base)
-		goto out;
-	rc = evfd_checked(evfd);
-	if (!rc)
+	if (!qp->r.base)
 		rc = seg_map_checked(memfd, ring_size, qdepth, &base);
-	if (rc)
-		goto out;
-	seg_layout(&qp->r, base, ring_size, qdepth);
+	if (!rc)
+		seg_layout(&qp->r, base, ring_size, qdepth);
 	close(memfd);
-	qp->peer_evfd = evfd;
-	return 0;
-out:
-	close(memfd);
-	close(evfd);
 	return rc;
 }
 
@@ -351,16 +301,13 @@ static void qp_take_posted(struct prov_qp *qp, uint32_t qdepth)
 	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELEASE);
 }
 
-int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
+int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd,
 		 struct prov_qp **out)
 {
 	struct prov_qp *qp = NULL;
 	uint8_t *base;
 	int rc;
 
-	rc = evfd_checked(evfd);
-	if (rc)
-		goto out;
 	qp = qp_alloc(qdepth);
 	if (!qp) {
 		rc = -ENOMEM;
@@ -371,15 +318,13 @@ int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd, int evfd,
 		goto out;
 	seg_layout(&qp->l, base, ring_size, qdepth);
 	close(memfd);
-	qp->evfd = evfd;
 	qp_take_posted(qp, qdepth);
 	*out = qp;
 	return 0;
 out:
 	if (qp)
-		shm_ops.destroy(qp); /* owns neither fd yet */
+		shm_ops.destroy(qp); /* does not own memfd yet */
 	close(memfd);
-	close(evfd);
 	return rc;
 }
 
@@ -393,6 +338,18 @@ static int shm_post_recv(struct prov_qp *qp, uint64_t wr_id)
 	qp->rq_prod++;
 	__atomic_store_n(&qp->l.hdr->rq_prod, qp->rq_prod, __ATOMIC_RELEASE);
 	return 0;
+}
+
+/* Wake the peer: one record of one byte on the liveness socket.  It never
+ * blocks: a full socket (the peer has not read its earlier bells) or a
+ * peer that is gone (its liveness side reports it) loses nothing. */
+static void shm_ring(struct prov_qp *qp)
+{
+	static const char bell = SHM_BELL;
+
+	if (qp->bell >= 0 &&
+	    send(qp->bell, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
+		qp->notifies++;
 }
 
 static int shm_post_write_imm(struct prov_qp *qp, const struct iovec *iov,
@@ -436,10 +393,8 @@ static int shm_post_write_imm(struct prov_qp *qp, const struct iovec *iov,
 	qp->peer_cq_prod++;
 	__atomic_store_n(&rh->cq_prod, qp->peer_cq_prod, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&rh->armed, __ATOMIC_SEQ_CST) &&
-	    __atomic_exchange_n(&rh->armed, 0, __ATOMIC_SEQ_CST)) {
-		eventfd_write(qp->peer_evfd, 1);
-		qp->notifies++;
-	}
+	    __atomic_exchange_n(&rh->armed, 0, __ATOMIC_SEQ_CST))
+		shm_ring(qp);
 	if (flags & PROV_SIGNALED)
 		qp->scq[qp->scq_n++] = (struct prov_wc){ .wr_id = wr_id };
 	return 0;
@@ -503,28 +458,48 @@ static int shm_armed(struct prov_qp *qp)
 	return __atomic_load_n(&qp->l.hdr->armed, __ATOMIC_ACQUIRE) != 0;
 }
 
-/* Our notify eventfd was made by the peer (or handed to it), which shares
- * its file flags: it could turn O_NONBLOCK off and drain the count under
- * us.  RWF_NOWAIT makes this read non-blocking whatever the flags say
- * (Linux 5.12 and later; before, the O_NONBLOCK evfd_checked set). */
+/* The peer's bells are the engine's to read (they share the liveness
+ * socket with its hang-up); ours is only the kick eventfd, if made. */
 static void shm_ack(struct prov_qp *qp)
 {
 	eventfd_t v;
-	struct iovec iov = { .iov_base = &v, .iov_len = sizeof(v) };
 
-	if (preadv2(qp->evfd, &iov, 1, -1, RWF_NOWAIT) < 0 &&
-	    (errno == EOPNOTSUPP || errno == EINVAL))
-		(void)eventfd_read(qp->evfd, &v);
+	if (qp->kfd >= 0)
+		(void)eventfd_read(qp->kfd, &v);
+}
+
+/* The notify fd an event loop watches (RSK_WATCH_NOTIFY): an eventfd of
+ * ours, made at the first need (a connection that no loop watches has
+ * none), readable only when kicked; the peer's wake-ups come on the
+ * liveness socket, which the loop watches too. */
+static int shm_notify_fd(struct prov_qp *qp)
+{
+	if (qp->kfd < 0) {
+		qp->kfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (qp->kfd < 0)
+			return -errno;
+	}
+	return qp->kfd;
 }
 
 static void shm_kick(struct prov_qp *qp)
 {
-	(void)eventfd_write(qp->evfd, 1);
+	if (shm_notify_fd(qp) >= 0)
+		(void)eventfd_write(qp->kfd, 1);
 }
 
-static int shm_notify_fd(struct prov_qp *qp)
+/* A thread that waits polls the liveness socket (the bells) only: the
+ * kick eventfd is an event loop's. */
+static int shm_wait_fd(struct prov_qp *qp)
 {
-	return qp->evfd;
+	(void)qp;
+	return -1;
+}
+
+static int shm_set_bell(struct prov_qp *qp, int fd)
+{
+	qp->bell = fd;
+	return 0;
 }
 
 static uint32_t *shm_owner_word(struct prov_qp *qp)
@@ -551,10 +526,8 @@ static void shm_destroy(struct prov_qp *qp)
 		munmap(qp->r.base, qp->r.size);
 	if (qp->memfd >= 0)
 		close(qp->memfd);
-	if (qp->evfd >= 0)
-		close(qp->evfd);
-	if (qp->peer_evfd >= 0)
-		close(qp->peer_evfd);
+	if (qp->kfd >= 0)
+		close(qp->kfd);
 	free(qp->rq_wrid);
 	free(qp);
 }
@@ -571,6 +544,8 @@ const struct prov_ops shm_ops = {
 	.ack = shm_ack,
 	.kick = shm_kick,
 	.notify_fd = shm_notify_fd,
+	.wait_fd = shm_wait_fd,
+	.set_bell = shm_set_bell,
 	.owner_word = shm_owner_word,
 	.notifies_sent = shm_notifies_sent,
 	.destroy = shm_destroy,
@@ -965,12 +940,12 @@ int shm_arena_key_ok(struct prov_qp *qp, uint32_t key)
 
 int shm_arena_connect(uint32_t key, uint64_t name, uint32_t ring_size,
 		      uint32_t qdepth, struct prov_qp **out, int *memfd,
-		      uint32_t *slot, uint32_t *gen, int *srv_evfd)
+		      uint32_t *slot, uint32_t *gen)
 {
 	struct prov_qp *qp = NULL;
 	struct shm_arena *a = NULL;
 	uint8_t *base;
-	int i, rc;
+	int i;
 
 	pthread_once(&ar_once, ar_init);
 	if (!ring_is_pow2(ring_size) || qdepth == 0)
@@ -978,13 +953,6 @@ int shm_arena_connect(uint32_t key, uint64_t name, uint32_t ring_size,
 	qp = qp_alloc(qdepth);
 	if (!qp)
 		return -ENOMEM;
-	qp->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	qp->peer_evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (qp->evfd < 0 || qp->peer_evfd < 0) {
-		rc = -errno;
-		shm_destroy(qp);
-		return rc;
-	}
 	pthread_mutex_lock(&ar_lock);
 	ar_sweep(&ar_client, 0, ar_now());
 	i = ar_take(key, name, ring_size, qdepth, &a, gen);
@@ -1005,7 +973,6 @@ int shm_arena_connect(uint32_t key, uint64_t name, uint32_t ring_size,
 	*out = qp;
 	*memfd = a->fd;
 	*slot = (uint32_t)i;
-	*srv_evfd = qp->peer_evfd;
 	return 0;
 }
 
@@ -1075,20 +1042,16 @@ found:
 }
 
 int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
-		     uint32_t slot, uint32_t gen, int evfd, int peer_evfd,
-		     struct prov_qp **out)
+		     uint32_t slot, uint32_t gen, struct prov_qp **out)
 {
 	struct prov_qp *qp = NULL;
 	struct shm_arena *a = NULL;
 	uint32_t w = gen | ARENA_C;
 	uint8_t *base;
-	int rc;
+	int rc = 0;
 
 	pthread_once(&ar_once, ar_init);
-	rc = evfd_checked(evfd);
-	if (!rc)
-		rc = evfd_checked(peer_evfd);
-	if (!rc && (gen & ARENA_BITS))
+	if (gen & ARENA_BITS)
 		rc = -EPROTO;
 	if (!rc && !(qp = qp_alloc(qdepth ? qdepth : 1)))
 		rc = -ENOMEM;
@@ -1124,8 +1087,6 @@ int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
 	qp->fork_ctr = __atomic_load_n(&ar_forks, __ATOMIC_RELAXED);
 	close(memfd);
 	memfd = -1;
-	qp->evfd = evfd;
-	qp->peer_evfd = peer_evfd;
 	if (__atomic_load_n(&qp->l.hdr->magic, __ATOMIC_RELAXED) != SHM_MAGIC ||
 	    __atomic_load_n(&qp->r.hdr->magic, __ATOMIC_RELAXED) != SHM_MAGIC) {
 		shm_destroy(qp);
@@ -1135,12 +1096,8 @@ int shm_arena_accept(int memfd, uint32_t ring_size, uint32_t qdepth,
 	*out = qp;
 	return 0;
 out:
-	if (qp) {
-		qp->evfd = qp->peer_evfd = -1;
+	if (qp)
 		shm_destroy(qp);
-	}
 	close(memfd);
-	close(evfd);
-	close(peer_evfd);
 	return rc;
 }

@@ -183,15 +183,13 @@ static void eng_watch_event(rsk_sock *s, int live)
 		return;
 	}
 	eng_progress(s);
-	if (live)
-		eng_poll_live(s);
+	if (live && (!s->bell || s->fd_waiter))
+		eng_poll_live(s); /* (bells: eng_ack below reads them) */
 	/* consume the notification, unless it is RSK_WATCH_NOTIFY's kick
 	 * that must stay (or a sleeper in eng_wait owns the notify fd) */
 	if (!s->fd_waiter &&
-	    !(s->kicked && (s->watch & RSK_WATCH_NOTIFY) && eng_fd_ready(s))) {
-		s->p.ops->ack(s->p.qp);
-		s->kicked = 0;
-	}
+	    !(s->kicked && (s->watch & RSK_WATCH_NOTIFY) && eng_fd_ready(s)))
+		eng_ack(s);
 	eng_sync_fd(s);
 	eng_wake(s);
 }
@@ -304,13 +302,13 @@ int eng_watch_add(rsk_sock *s)
 		eng_w.cap = cap;
 	}
 	d = (uint64_t)eng_w.slot[i].gen << 32 | (uint64_t)i << 1;
-	rc = eng_watch_fd(EPOLL_CTL_ADD, s->p.ops->notify_fd(s->p.qp),
-			  EPOLLIN | EPOLLET, d);
+	s->wfd = eng_wait_fd(s);
+	rc = eng_watch_fd(EPOLL_CTL_ADD, s->wfd, EPOLLIN | EPOLLET, d);
 	if (!rc && !(s->p.flags & F_PEER_GONE))
 		rc = eng_watch_fd(EPOLL_CTL_ADD, s->live_fd,
 				  EPOLLIN | EPOLLRDHUP | EPOLLET, d | 1);
 	if (rc) {
-		eng_watch_fd(EPOLL_CTL_DEL, s->p.ops->notify_fd(s->p.qp), 0, 0);
+		eng_watch_fd(EPOLL_CTL_DEL, s->wfd, 0, 0);
 		goto out;
 	}
 	eng_w.slot[i].s = s;
@@ -348,7 +346,7 @@ void eng_watch_del(rsk_sock *s)
 		return;
 	pthread_mutex_lock(&eng_w.lock);
 	if (eng_w.epfd >= 0) {
-		eng_watch_fd(EPOLL_CTL_DEL, s->p.ops->notify_fd(s->p.qp), 0, 0);
+		eng_watch_fd(EPOLL_CTL_DEL, s->wfd, 0, 0);
 		eng_watch_fd(EPOLL_CTL_DEL, s->live_fd, 0, 0);
 	}
 	eng_w.slot[s->wslot].s = NULL;
@@ -432,8 +430,7 @@ void eng_sync_fd(rsk_sock *s)
 					s->kicked = 1;
 				}
 			} else if (s->kicked || !s->p.ops->armed(s->p.qp)) {
-				s->p.ops->ack(s->p.qp);
-				s->kicked = 0;
+				eng_ack(s);
 			}
 		}
 		if (!eng_want_wake(s) || s->fd_waiter ||

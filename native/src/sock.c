@@ -87,6 +87,7 @@ int rsk_socket(rsk_sock **out)
 	s->wslot = -1;
 	pthread_mutex_init(&s->lock, NULL);
 	s->live_fd = -1;
+	s->waiter_kfd = -1;
 	s->xfd = -1;
 	s->interest = RSK_POLLIN;
 	rsk_opts_default(&s->opts);
@@ -170,6 +171,9 @@ int eng_attach(rsk_sock *s, struct cm_result *res)
 	};
 	int rc;
 
+	/* the peer's wake-ups come on the liveness socket, with its end */
+	s->bell = res->live_fd >= 0 && res->ops->set_bell &&
+		  res->ops->set_bell(res->qp, res->live_fd) == 0;
 	rc = proto_init(&s->p, res->ops, res->qp, &g, &s->st, s->detail,
 			sizeof(s->detail));
 	if (rc) {
@@ -250,7 +254,7 @@ int rsk_close(rsk_sock *s)
 	if (s->users == 0) {
 		eng_release(s);
 	} else if (s->kind == K_CONN && s->p.qp && !eng_forked(s)) {
-		s->p.ops->kick(s->p.qp); /* wake the thread in poll */
+		eng_kick_waiter(s); /* wake the thread in poll */
 	} else if (s->kind == K_LISTEN && !eng_listen_shared(s)) {
 		/* wake accept: shutting the listeners down makes them readable
 		 * (not those other processes may accept from too; accept's wait

@@ -617,9 +617,14 @@ static void t_watch_write_interest(void)
 	CHECK_EQ(poll(&pfd, 1, 0), 1); /* writable */
 	CHECK_EQ(rsk_send(b, data, sizeof(data), 0, 0), 4096);
 	CHECK_EQ(poll(&pfd, 1, 0), 0); /* ring full, nothing to read */
-	/* the reader consumes: credits come back and wake the fd */
+	/* the reader consumes: credits come back and wake the fd (as an
+	 * event loop does: the peer's bell shows on the liveness fd, and
+	 * rsk_check_peer reads it and brings the notify fd up to date) */
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 1000), 4096);
-	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	CHECK_EQ(poll(&(struct pollfd){ .fd = lfd, .events = POLLIN }, 1, 1000),
+		 1);
+	CHECK_EQ(rsk_check_peer(b), 0);
+	CHECK_EQ(poll(&pfd, 1, 0), 1);
 	CHECK(rsk_poll(b) & RSK_POLLOUT);
 	CHECK_EQ(rsk_set_interest(b, 7), -EINVAL);
 	rsk_free(a);
