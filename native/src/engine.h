@@ -174,10 +174,10 @@ void eng_wake_due(rsk_sock *s);
 /* The liveness channel fired: the peer's bells taken off it (s->bell),
  * and closed (peer gone) or a protocol error handled. */
 void eng_check_live(rsk_sock *s);
-/* What the liveness socket fd held, its bells (records of one byte)
- * taken off: nothing else (LIVE_QUIET), the end (LIVE_HUP), a REJ
- * (LIVE_REJ, why filled) or anything else (LIVE_BAD); reads at most a few
- * dozen records (progress.c). */
+/* What the next record on the liveness socket fd says: nothing, or a
+ * bell (a record of one byte), taken off (LIVE_QUIET), the end
+ * (LIVE_HUP), a REJ (LIVE_REJ, why filled) or anything else (LIVE_BAD)
+ * (progress.c). */
 enum { LIVE_QUIET, LIVE_HUP, LIVE_REJ, LIVE_BAD };
 int eng_live_read(int fd, char *why, size_t wlen);
 /* Consume the notifications that woke us: the provider's, and the bells

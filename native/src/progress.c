@@ -98,55 +98,35 @@ static int eng_hup_grace(rsk_sock *s)
 	return 0;
 }
 
-#define LIVE_BATCH 8
-#define LIVE_ROUNDS 4
-
 /*
- * Reads the records the peer sent on the liveness socket: bells (one byte:
- * it wrote into our ring while we were armed) are taken off and forgotten;
- * the first other record says how the connection ends: hang-up (the end of
- * the stream), a REJ (why filled), or anything else (a protocol
- * violation).  At most LIVE_ROUNDS * LIVE_BATCH records a call, so that a
- * peer that floods bells cannot hold us: the fd stays readable and we come
- * back.  Fds sent along are never installed (no control buffer).
+ * Reads what the peer sent on the liveness socket: one record if it is a
+ * bell (one byte: it wrote into our ring while we were armed), which is
+ * taken off and forgotten; else what the record says of the connection's
+ * end: hang-up (the end of the stream), a REJ (why filled), or anything
+ * else (a protocol violation).  One record a call (one syscall: a bell per
+ * wake-up is the common case): more bells keep the fd readable, and
+ * whoever watches it comes back.  Fds sent along are never installed (no
+ * control buffer).
  */
 int eng_live_read(int fd, char *why, size_t wlen)
 {
-	char buf[LIVE_BATCH][CM_MSG_LEN + 1];
-	struct mmsghdr mm[LIVE_BATCH];
-	struct iovec iov[LIVE_BATCH];
-	int n, i, r;
+	char buf[CM_MSG_LEN + 1];
+	struct iovec iov = { buf, sizeof(buf) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	ssize_t n;
 
-	for (r = 0; r < LIVE_ROUNDS; r++) {
-		memset(mm, 0, sizeof(mm));
-		for (i = 0; i < LIVE_BATCH; i++) {
-			iov[i] = (struct iovec){ buf[i], sizeof(buf[i]) };
-			mm[i].msg_hdr.msg_iov = &iov[i];
-			mm[i].msg_hdr.msg_iovlen = 1;
-		}
-		n = recvmmsg(fd, mm, LIVE_BATCH, MSG_DONTWAIT, NULL);
-		if (n < 0)
-			return errno == EAGAIN || errno == EINTR ? LIVE_QUIET
-								 : LIVE_HUP;
-		for (i = 0; i < n; i++) {
-			unsigned len = mm[i].msg_len;
-
-			if (len == 1 && buf[i][0] == SHM_BELL &&
-			    !(mm[i].msg_hdr.msg_flags & MSG_CTRUNC))
-				continue;
-			if (len == 0)
-				return LIVE_HUP; /* (a hostile empty record
-						  * too: it may as well close) */
-			return !(mm[i].msg_hdr.msg_flags & MSG_TRUNC) &&
-					       cm_parse_reject(buf[i], len, why,
-							       wlen) == 0
-				       ? LIVE_REJ
-				       : LIVE_BAD;
-		}
-		if (n < LIVE_BATCH)
-			break;
-	}
-	return LIVE_QUIET;
+	n = recvmsg(fd, &mh, MSG_DONTWAIT);
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR ? LIVE_QUIET : LIVE_HUP;
+	if (n == 1 && buf[0] == SHM_BELL && !(mh.msg_flags & MSG_CTRUNC))
+		return LIVE_QUIET;
+	if (n == 0)
+		return LIVE_HUP; /* (a hostile empty record too: it may as well
+				  * have closed) */
+	return !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+			       cm_parse_reject(buf, (size_t)n, why, wlen) == 0
+		       ? LIVE_REJ
+		       : LIVE_BAD;
 }
 
 /* The liveness channel fired: closed (peer gone) or a protocol error.
@@ -200,7 +180,10 @@ void eng_check_live(rsk_sock *s)
 
 void eng_ack(rsk_sock *s)
 {
-	s->p.ops->ack(s->p.qp);
+	/* with bells, the provider's notify fd turns readable only by our
+	 * kick (or, under the delay fault, its timer: a wait fd of its own) */
+	if (!s->bell || s->kicked || eng_wait_fd(s) >= 0)
+		s->p.ops->ack(s->p.qp);
 	s->kicked = 0;
 	if (s->bell)
 		eng_check_live(s);
