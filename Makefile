@@ -75,6 +75,11 @@ lint: venv
 	$(VENV)/bin/mypy rsock
 
 # pytest exits 5 when it collected nothing; like any non-zero exit, that fails the target.
+BELL_TESTS = tests/test_asyncio.py tests/test_socket_behaviour.py tests/test_readiness.py \
+	tests/test_robust_hostile.py tests/test_robust_close.py tests/test_robust_threads.py \
+	tests/test_robust_scale.py tests/test_fork.py tests/test_multiprocess.py \
+	compat/tests/test_patch_asyncio.py
+
 test: venv
 	$(MAKE) check-native
 	$(MAKE) lint
@@ -84,6 +89,9 @@ test: venv
 	fi; \
 	echo "$(VPY) -m pytest $$paths $(PYTEST_ARGS)"; \
 	$(VPY) -m pytest $$paths $(PYTEST_ARGS)
+	@# the suites that wake connections up, again with every connection in
+	@# bell mode (the default picks eventfd mode below its fd budget)
+	RSOCK_WAKE=bell $(VPY) -m pytest $(BELL_TESTS) $(PYTEST_ARGS)
 
 bench: venv
 	$(VPY) -m rsock.bench $(BENCH_ARGS)

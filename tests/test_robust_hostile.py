@@ -23,6 +23,7 @@ import os
 import random
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -331,6 +332,12 @@ HANDSHAKES: dict[str, Callable[[], tuple[bytes, list[int]]]] = {
     "memfds-too-small": lambda: (req(), segment_fds(GOOD_SIZE - 4096, sealed(), True)),
     "memfds-without-magic": lambda: (req(), segment_fds(GOOD_SIZE, sealed(), False)),
     "memfds-claiming-256mib": lambda: (req(ring=1 << 28), segment_fds(GOOD_SIZE, sealed(), True)),
+    # eventfd mode: the two memfds, then the client's and the server's eventfds
+    "pipes-for-eventfds": lambda: (req(), [*segment_fds(GOOD_SIZE, sealed(), True), *pipe_fds(2)]),
+    "memfds-for-eventfds": lambda: (
+        req(),
+        [*segment_fds(GOOD_SIZE, sealed(), True), *segment_fds(GOOD_SIZE, sealed(), True)],
+    ),
     "pipe-for-the-servers-segment": lambda: (
         req(),
         [fake_memfd(GOOD_SIZE, sealed(), True), *pipe_fds(1)],
@@ -405,7 +412,8 @@ HANDSHAKES.update(
         "slot-geometry-not-the-arenas": lambda: (slot_req(ring=131072), slot_fds()),
         "slot-pipe-for-arena": lambda: (slot_req(), pipe_fds(1)),
         "slot-segment-for-arena": lambda: (slot_req(), [fake_memfd(GOOD_SIZE, sealed(), True)]),
-        "slot-with-3-fds": lambda: (slot_req(), [*slot_fds(), os.eventfd(0), os.eventfd(0)]),
+        "slot-with-4-fds": lambda: (slot_req(), [*slot_fds(), *(os.eventfd(0) for _ in range(3))]),
+        "slot-pipes-for-eventfds": lambda: (slot_req(), [fake_arena(), *pipe_fds(2)]),
         "slot-with-2-fds": lambda: (slot_req(), [fake_arena(), os.eventfd(0)]),
         "slot-without-fds": lambda: (slot_req(), []),
     }
@@ -584,6 +592,41 @@ def test_silent_rendezvous_client_does_not_freeze_asyncio_server() -> None:
 
     worst = asyncio.run(asyncio.wait_for(main(), 20))
     assert worst < 0.2, f"the event loop froze for {worst:.3f} s"
+
+
+def test_peer_that_turns_our_eventfd_blocking_cannot_hang_us() -> None:
+    """The client makes the server's notify eventfd and keeps a copy: the file's
+    flags are shared, so it can turn O_NONBLOCK back off after the handshake
+    (which set it).  Reading that eventfd (the engine acknowledges a wake-up when
+    an event loop starts watching, with nothing to read) must still never block:
+    watch().start() returns at once, and the connection serves on."""
+    before = Snapshot()
+    with rsock_listener() as srv:
+        port = srv.getsockname()[1]
+        arena = fake_arena()
+        ev_client, ev_server = os.eventfd(0), os.eventfd(0)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as u:
+                u.connect(rendezvous(port))
+                send_handshake(u, slot_req(), [arena, ev_client, ev_server])
+                srv.settimeout(5)
+                conn, _ = srv.accept()
+                with conn:
+                    os.set_blocking(ev_server, True)  # the server's copy too
+                    done = threading.Event()
+
+                    def start() -> None:
+                        conn.watch().start()
+                        done.set()
+
+                    t = threading.Thread(target=start, daemon=True)
+                    t.start()
+                    assert done.wait(5), "reading the peer's blocking eventfd hung"
+                assert_serves_rsock_client(srv)
+        finally:
+            for fd in (arena, ev_client, ev_server):
+                os.close(fd)
+    assert_no_leaks(before)
 
 
 def send_records(u: socket.socket, what: str) -> None:

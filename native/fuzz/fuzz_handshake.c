@@ -170,10 +170,12 @@ static int make_fd(struct input *in, const struct req *r, int slot)
 	int p[2], fd;
 
 	switch (in_u8(in) % 6) {
-	case 0: /* the memfd the slot wants: client's half (0) or server's (1),
-		 * or (REQ_SLOT) the arena (0) */
+	case 0: /* the fd the slot wants: client's half (0) or server's (1),
+		 * or (REQ_SLOT) the arena (0); then the eventfds (eventfd mode) */
 		if (r->kind == 4)
 			return slot == 0 ? make_arena(in, r) : eventfd(0, EFD_CLOEXEC);
+		if (slot >= 2)
+			return eventfd(0, EFD_CLOEXEC);
 		return make_memfd(in, slot >= 1 ? r->srv_ring_size : r->ring_size,
 				  slot >= 1 ? r->srv_qdepth : r->qdepth);
 	case 1: { /* a memfd for another geometry */
@@ -258,7 +260,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			msg[i] ^= in_u8(&in);
 	}
 	nfds = in_u8(&in) % 7;
-	if (nfds == 5) /* mostly the two a REQ carries */
+	if (nfds == 5) /* mostly what a REQ carries: two (bells) or four */
 		nfds = 2;
 	for (i = 0; i < nfds && i < 6; i++)
 		fds[i] = make_fd(&in, &r, i);

@@ -196,6 +196,13 @@ def handshake_seeds() -> dict[str, bytes]:
         "slot-headerless-half": u8(128) + geom + u8(0) + reason + slot_fds(0, 8),
         "slot-bad-magic": u8(128) + geom + u8(0) + reason + slot_fds(4, 0, u8(9)),
         "slot-other-geometry": u8(128) + u8(1) + u8(0) + u8(0) + reason + slot_fds(0, 0),
+        # eventfd mode: the memfds, then the client's and the server's eventfds
+        "req-valid-eventfds": u8(0) + geom + reason + u8(4) + u8(0) + u8(0) + u8(0) + u8(0)
+        + u8(0) + u8(0),
+        "req-pipe-for-eventfd": u8(0) + geom + reason + u8(4) + u8(0) + u8(0) + u8(0) + u8(0)
+        + u8(0) + u8(3) + u8(1),
+        "slot-valid-eventfds": u8(128) + geom + u8(0) + reason + u8(3) + u8(0) + u8(0) + u8(0)
+        + u8(2) + u8(0) + u8(2) + u8(0),
         "slot-two-fds": u8(128) + geom + u8(0) + reason + u8(2) + u8(0) + u8(0) + u8(0)
         + u8(2) + u8(0),
     }

@@ -65,6 +65,8 @@ _Static_assert(sizeof(struct cm_msg) == CM_MSG_LEN, "cm_msg is 80 bytes");
 
 #define CM_REQ_FDS 2  /* REQ: the client's memfd, the server's memfd */
 #define CM_SLOT_FDS 1 /* REQ_SLOT: the arena's memfd */
+#define CM_WAKE_FDS 2 /* then, in eventfd mode: the client's, the server's */
+#define CM_MAX_FDS (CM_REQ_FDS + CM_WAKE_FDS)
 
 static int cm_addr(const char *name, size_t namelen, struct sockaddr_un *sa,
 		   socklen_t *len)
@@ -155,7 +157,7 @@ static int cm_is_rendezvous(int fd)
 static int cm_send(int fd, const struct cm_msg *m, const int *fds, int nfds)
 {
 	union {
-		char buf[CMSG_SPACE(CM_REQ_FDS * sizeof(int))];
+		char buf[CMSG_SPACE(CM_MAX_FDS * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct iovec iov = { .iov_base = (void *)m, .iov_len = sizeof(*m) };
@@ -183,11 +185,12 @@ static int cm_send(int fd, const struct cm_msg *m, const int *fds, int nfds)
 
 /*
  * Receives one message and exactly the fds it should carry (CM_REQ_FDS
- * for REQ, CM_SLOT_FDS for REQ_SLOT, 0 for REJ), waiting up to timeout_ms.  Anything else is closed and
+ * for REQ, CM_SLOT_FDS for REQ_SLOT, each with CM_WAKE_FDS more in
+ * eventfd mode, 0 for REJ; *nfds says how many), waiting up to timeout_ms.  Anything else is closed and
  * rejected: the peer is untrusted.
  */
-static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
-		   int timeout_ms, int peek)
+static int cm_recv(int fd, struct cm_msg *m, int fds[CM_MAX_FDS],
+		   int *nfds, int timeout_ms, int peek)
 {
 	union {
 		char buf[CMSG_SPACE(8 * sizeof(int))];
@@ -201,8 +204,9 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	int got[8], ngot = 0, i, rc, want;
 	ssize_t n;
 
-	for (i = 0; i < CM_REQ_FDS; i++)
+	for (i = 0; i < CM_MAX_FDS; i++)
 		fds[i] = -1;
+	*nfds = 0;
 	/* (no wait: recvmsg says at once whether a message is there) */
 	while (timeout_ms) {
 		rc = poll(&pfd, 1, eng_ms_left(deadline));
@@ -235,8 +239,8 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	if (n == 0)
 		rc = -ECONNRESET;
 	else if ((mh.msg_flags & MSG_CTRUNC) && n == sizeof(*m) &&
-		 ((m->kind == CM_REQ && ngot < CM_REQ_FDS) ||
-		  (m->kind == CM_REQ_SLOT && ngot < CM_SLOT_FDS)))
+		 ((m->kind == CM_REQ && ngot < CM_REQ_FDS + CM_WAKE_FDS) ||
+		  (m->kind == CM_REQ_SLOT && ngot < CM_SLOT_FDS + CM_WAKE_FDS)))
 		/* the kernel could not give us the fds (our fd table is
 		 * full: it cannot say which limit), not the client's doing */
 		rc = -EMFILE;
@@ -246,7 +250,8 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	want = rc == 0 && m->kind == CM_REJ	   ? 0
 	       : rc == 0 && m->kind == CM_REQ_SLOT ? CM_SLOT_FDS
 						   : CM_REQ_FDS;
-	if (rc == 0 && ngot != want && m->version == CM_LOCAL_VERSION)
+	if (rc == 0 && ngot != want && (want == 0 || ngot != want + CM_WAKE_FDS) &&
+	    m->version == CM_LOCAL_VERSION)
 		rc = -EPROTO;
 	if (rc || m->version != CM_LOCAL_VERSION) {
 		/* (another version's REQ: cm_check says which, fds unused) */
@@ -256,6 +261,7 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_REQ_FDS],
 	}
 	for (i = 0; i < ngot; i++)
 		fds[i] = got[i];
+	*nfds = ngot;
 	return 0;
 }
 
@@ -414,7 +420,7 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		  char *detail, size_t dlen)
 {
 	struct cm_msg req;
-	int fds[CM_REQ_FDS], rc, i;
+	int fds[CM_MAX_FDS], nfds, rc, i;
 
 	(void)o; /* the client sized our half (README: differences) */
 	memset(res, 0, sizeof(*res));
@@ -422,7 +428,7 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 	/* Peeked: the REQ (and its fds) stay queued until the connection is
 	 * ours, so that a shortage of fds or memory leaves the client waiting
 	 * for a later accept(), as TCP leaves it queued. */
-	rc = cm_recv(fd, &req, fds, 0, 1);
+	rc = cm_recv(fd, &req, fds, &nfds, 0, 1);
 	if (rc == -EMFILE)
 		return rc; /* client kept */
 	if (rc) {
@@ -466,6 +472,15 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		goto reject;
 	}
 adopted:
+	i = req.kind == CM_REQ_SLOT ? CM_SLOT_FDS : CM_REQ_FDS;
+	if (nfds > i) { /* eventfd mode: the client's, then ours */
+		rc = shm_qp_take_wake_fds(res->qp, fds[i + 1], fds[i]);
+		fds[i] = fds[i + 1] = -1; /* consumed */
+		if (rc) {
+			snprintf(detail, dlen, "handshake: bad eventfds");
+			goto reject;
+		}
+	}
 	res->area = shm_qp_area(res->qp);
 	res->ring = req.srv_ring_size;
 	res->q = req.srv_qdepth;
@@ -482,7 +497,7 @@ adopted:
 	res->dst = req.dst;
 	return 0;
 reject:
-	for (i = 0; i < CM_REQ_FDS; i++)
+	for (i = 0; i < CM_MAX_FDS; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
 	if (rc == -ENOMEM || rc == -EMFILE || rc == -ENFILE) {
@@ -520,7 +535,7 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	struct sockaddr_un sa;
 	struct cm_msg req;
 	socklen_t len;
-	int fd, rc, srv_memfd = -1, fds[CM_REQ_FDS];
+	int fd, rc, srv_memfd = -1, fds[CM_MAX_FDS];
 	int blocking = 0, nfds, kind;
 	uint32_t pid = 0, slot = 0, gen = 0;
 	uint64_t name;
@@ -632,6 +647,9 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		nfds = CM_REQ_FDS;
 		kind = CM_REQ;
 	}
+	/* eventfd mode if this process can afford it (the QP keeps both) */
+	if (shm_qp_wake_fds(res->qp, &fds[nfds], &fds[nfds + 1]) == 0)
+		nfds += CM_WAKE_FDS;
 	cm_fill(&req, kind, o);
 	if (kind == CM_REQ) {
 		req.srv_ring_size = o->ring_size;

@@ -130,9 +130,9 @@ int eng_live_read(int fd, char *why, size_t wlen)
 }
 
 /* The liveness channel fired: closed (peer gone) or a protocol error.
- * Bells on it are read only by whoever sleeps on it (the fd_waiter) while
- * there is one, or they would be lost to it: another caller then only
- * looks for a hang-up. */
+ * Bells on it (bell mode, or a peer in bell mode that rings us) are read
+ * only by whoever sleeps on it (the fd_waiter) while there is one, or they
+ * would be lost to it: another caller then only looks for a hang-up. */
 void eng_check_live(rsk_sock *s)
 {
 	char why[sizeof(s->detail)];
@@ -146,7 +146,7 @@ void eng_check_live(rsk_sock *s)
 			return;
 		what = LIVE_HUP;
 	} else {
-		if (s->bell && s->fd_waiter) {
+		if (s->fd_waiter) {
 			struct pollfd p = { .fd = s->live_fd,
 					    .events = POLLRDHUP };
 

@@ -69,10 +69,10 @@ struct prov_ops {
 	 * completion polls, or -1 for none (shm: the peer rings the liveness
 	 * socket).  NULL: notify_fd. */
 	int (*wait_fd)(struct prov_qp *qp);
-	/* The peer wakes us with a record of one byte (SHM_BELL) on the
-	 * liveness socket fd (the engine's, which reads the bells with the
-	 * hang-up), and we wake it there: 0.  NULL: the provider has its own
-	 * notification. */
+	/* The liveness socket fd (the engine's), where we ring a peer that
+	 * asks for bells (a record of one byte, SHM_BELL).  1: the peer wakes
+	 * us that way too (bell mode: the engine reads the bells with the
+	 * hang-up); 0: it writes our notify fd.  NULL: no bells. */
 	int (*set_bell)(struct prov_qp *qp, int fd);
 	/* A shared word that both processes of a fork see (our own segment):
 	 * the pid of the process that uses the connection. */
@@ -141,6 +141,14 @@ int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd);
 /* Takes a half the peer created as our own (memfd consumed). */
 int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd,
 		 struct prov_qp **out);
+/* Eventfd mode (a choice of the process: fd budget, RSOCK_WAKE): the
+ * client makes both eventfds, *own (its notify fd) and *peer (the
+ * server's), kept by the qp and sent in the REQ; -ENOENT: bell mode. */
+int shm_qp_wake_fds(struct prov_qp *qp, int *own, int *peer);
+/* The server's side of it (both fds consumed): checked, then kept, or
+ * closed when this process wants bells (0 either way); -EPROTO if they
+ * are not eventfds. */
+int shm_qp_take_wake_fds(struct prov_qp *qp, int own, int peer);
 /* Close the memfd once the peer has it (mappings stay). */
 void shm_qp_drop_memfd(struct prov_qp *qp);
 

@@ -40,6 +40,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -63,6 +64,7 @@ struct shm_hdr {
 	_Alignas(CL) uint32_t cq_prod; /* peer */
 	_Alignas(CL) uint32_t armed;   /* owner sets, peer clears */
 	_Alignas(CL) uint32_t owner_pid; /* the process using our half (fork) */
+	_Alignas(CL) uint32_t bell; /* owner: wake me by a bell, not my eventfd */
 };
 
 _Static_assert(sizeof(struct shm_hdr) <= SHM_CQ_OFF, "header too large");
@@ -91,7 +93,9 @@ struct prov_qp {
 	struct shm_seg r; /* the peer's: we write into it */
 	int memfd;
 	int bell; /* the liveness socket (the engine's): we ring the peer there */
-	int kfd;  /* an eventfd made at first need: the notify fd (kick) */
+	int kfd;  /* bell mode: an eventfd made at first need (notify fd) */
+	int evfd;      /* eventfd mode: ours (notify fd), the peer writes it */
+	int peer_evfd; /* the peer's, we write it (unless it asks for bells) */
 	int err;
 	/* receive side (private mirror of our shared counters) */
 	uint32_t rq_prod;
@@ -174,7 +178,7 @@ static struct prov_qp *qp_alloc(uint32_t qdepth)
 
 	if (!qp)
 		return NULL;
-	qp->memfd = qp->bell = qp->kfd = -1;
+	qp->memfd = qp->bell = qp->kfd = qp->evfd = qp->peer_evfd = -1;
 	qp->rq_wrid = calloc(qdepth, sizeof(uint64_t));
 	if (!qp->rq_wrid) {
 		free(qp);
@@ -270,6 +274,117 @@ static int seg_map_checked(int memfd, uint32_t ring_size, uint32_t qdepth,
 	}
 	*base = p;
 	return 0;
+}
+
+/* Is fd an eventfd?  Every eventfd shares one anonymous inode with the
+ * other plain anon-inode files (epoll, timerfd, signalfd: writing or
+ * reading those fails, or wakes us spuriously, which a peer may do anyway),
+ * so one fstat against an eventfd of ours says it, without the readlink of
+ * /proc that names it (a path lookup per connection). */
+static struct stat evfd_ref; /* st_ino 0: none could be made */
+static pthread_once_t evfd_ref_once = PTHREAD_ONCE_INIT;
+
+static void evfd_ref_init(void)
+{
+	int ref = eventfd(0, EFD_CLOEXEC);
+
+	if (ref >= 0) {
+		if (fstat(ref, &evfd_ref) < 0)
+			evfd_ref.st_ino = 0;
+		close(ref);
+	}
+}
+
+static int is_eventfd(int fd)
+{
+	struct stat st;
+
+	pthread_once(&evfd_ref_once, evfd_ref_init);
+	return evfd_ref.st_ino && fstat(fd, &st) == 0 &&
+	       st.st_dev == evfd_ref.st_dev && st.st_ino == evfd_ref.st_ino;
+}
+/* An eventfd we may write (or read) without ever blocking. */
+static int evfd_checked(int evfd)
+{
+	int fl;
+
+	if (!is_eventfd(evfd))
+		return -EPROTO;
+	fl = fcntl(evfd, F_GETFL);
+	if (fl < 0)
+		return -errno;
+	/* (the peer made it non-blocking, as ours makes them: one call) */
+	if (!(fl & O_NONBLOCK) && fcntl(evfd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+/*
+ * How a connection is woken (PROTOCOL.md, section 7): by eventfds (two
+ * more fds per endpoint, the cheapest wake-up) while this process's
+ * connections that hold them use at most a quarter of its fd limit, else
+ * by bells on the liveness socket (no fd of their own).  RSOCK_WAKE=bell
+ * or =eventfd decides for every connection.
+ */
+static int shm_evfd_conns; /* QPs of this process holding eventfds */
+
+static int shm_want_evfds(void)
+{
+	const char *e = getenv("RSOCK_WAKE"); /* (read per connection) */
+	struct rlimit rl;
+
+	if (e && !strcmp(e, "bell"))
+		return 0;
+	if (e && !strcmp(e, "eventfd"))
+		return 1;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 0;
+	return rl.rlim_cur == RLIM_INFINITY ||
+	       (uint64_t)(__atomic_load_n(&shm_evfd_conns, __ATOMIC_RELAXED) + 1) *
+			       2 <=
+		       (uint64_t)rl.rlim_cur / 4;
+}
+
+static void shm_hold_evfds(struct prov_qp *qp, int evfd, int peer_evfd)
+{
+	qp->evfd = evfd;
+	qp->peer_evfd = peer_evfd;
+	__atomic_fetch_add(&shm_evfd_conns, 1, __ATOMIC_RELAXED);
+}
+
+int shm_qp_wake_fds(struct prov_qp *qp, int *own, int *peer)
+{
+	int a, b;
+
+	if (!shm_want_evfds())
+		return -ENOENT;
+	a = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	b = a < 0 ? -1 : eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (b < 0) {
+		if (a >= 0)
+			close(a);
+		return -ENOENT; /* (bells then) */
+	}
+	shm_hold_evfds(qp, a, b);
+	*own = a;
+	*peer = b;
+	return 0;
+}
+
+int shm_qp_take_wake_fds(struct prov_qp *qp, int own, int peer)
+{
+	int rc = -EPROTO;
+
+	if (qp->evfd < 0 && !evfd_checked(own) && !evfd_checked(peer)) {
+		if (shm_want_evfds()) {
+			shm_hold_evfds(qp, own, peer);
+			return 0;
+		}
+		rc = 0; /* short of fds: bells, the peer's eventfds closed */
+	}
+	close(own);
+	close(peer);
+	return rc;
 }
 
 int shm_qp_attach(struct prov_qp *qp, int memfd, uint32_t ring_size,
@@ -393,8 +508,15 @@ static int shm_post_write_imm(struct prov_qp *qp, const struct iovec *iov,
 	qp->peer_cq_prod++;
 	__atomic_store_n(&rh->cq_prod, qp->peer_cq_prod, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&rh->armed, __ATOMIC_SEQ_CST) &&
-	    __atomic_exchange_n(&rh->armed, 0, __ATOMIC_SEQ_CST))
-		shm_ring(qp);
+	    __atomic_exchange_n(&rh->armed, 0, __ATOMIC_SEQ_CST)) {
+		if (qp->peer_evfd >= 0 &&
+		    !__atomic_load_n(&rh->bell, __ATOMIC_ACQUIRE)) {
+			eventfd_write(qp->peer_evfd, 1);
+			qp->notifies++;
+		} else {
+			shm_ring(qp);
+		}
+	}
 	if (flags & PROV_SIGNALED)
 		qp->scq[qp->scq_n++] = (struct prov_wc){ .wr_id = wr_id };
 	return 0;
@@ -458,14 +580,24 @@ static int shm_armed(struct prov_qp *qp)
 	return __atomic_load_n(&qp->l.hdr->armed, __ATOMIC_ACQUIRE) != 0;
 }
 
-/* The peer's bells are the engine's to read (they share the liveness
- * socket with its hang-up); ours is only the kick eventfd, if made. */
+/* Eventfd mode: our notify eventfd was made by the peer (or handed to
+ * it), which shares its file flags: it could turn O_NONBLOCK off and drain
+ * the count under us.  RWF_NOWAIT makes this read non-blocking whatever
+ * the flags say (Linux 5.12 and later; before, the O_NONBLOCK evfd_checked
+ * set).  Bell mode: the peer's bells are the engine's to read (they share
+ * the liveness socket with its hang-up); ours is only the kick eventfd. */
 static void shm_ack(struct prov_qp *qp)
 {
 	eventfd_t v;
+	struct iovec iov = { .iov_base = &v, .iov_len = sizeof(v) };
 
-	if (qp->kfd >= 0)
+	if (qp->evfd >= 0) {
+		if (preadv2(qp->evfd, &iov, 1, -1, RWF_NOWAIT) < 0 &&
+		    (errno == EOPNOTSUPP || errno == EINVAL))
+			(void)eventfd_read(qp->evfd, &v);
+	} else if (qp->kfd >= 0) {
 		(void)eventfd_read(qp->kfd, &v);
+	}
 }
 
 /* The notify fd an event loop watches (RSK_WATCH_NOTIFY): an eventfd of
@@ -474,6 +606,8 @@ static void shm_ack(struct prov_qp *qp)
  * liveness socket, which the loop watches too. */
 static int shm_notify_fd(struct prov_qp *qp)
 {
+	if (qp->evfd >= 0)
+		return qp->evfd;
 	if (qp->kfd < 0) {
 		qp->kfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 		if (qp->kfd < 0)
@@ -484,22 +618,29 @@ static int shm_notify_fd(struct prov_qp *qp)
 
 static void shm_kick(struct prov_qp *qp)
 {
-	if (shm_notify_fd(qp) >= 0)
-		(void)eventfd_write(qp->kfd, 1);
+	int fd = shm_notify_fd(qp);
+
+	if (fd >= 0)
+		(void)eventfd_write(fd, 1);
 }
 
-/* A thread that waits polls the liveness socket (the bells) only: the
- * kick eventfd is an event loop's. */
+/* A thread that waits polls our eventfd, or in bell mode the liveness
+ * socket only (the kick eventfd is an event loop's). */
 static int shm_wait_fd(struct prov_qp *qp)
 {
-	(void)qp;
-	return -1;
+	return qp->evfd;
 }
 
+/* Publishes how we want to be woken (before we ever arm: the peer reads
+ * it after it saw armed set), and keeps the socket to ring a peer that
+ * asks for bells.  1: bell mode. */
 static int shm_set_bell(struct prov_qp *qp, int fd)
 {
+	int bells = qp->evfd < 0;
+
 	qp->bell = fd;
-	return 0;
+	__atomic_store_n(&qp->l.hdr->bell, (uint32_t)bells, __ATOMIC_RELEASE);
+	return bells;
 }
 
 static uint32_t *shm_owner_word(struct prov_qp *qp)
@@ -528,6 +669,12 @@ static void shm_destroy(struct prov_qp *qp)
 		close(qp->memfd);
 	if (qp->kfd >= 0)
 		close(qp->kfd);
+	if (qp->evfd >= 0) {
+		close(qp->evfd);
+		__atomic_fetch_sub(&shm_evfd_conns, 1, __ATOMIC_RELAXED);
+	}
+	if (qp->peer_evfd >= 0)
+		close(qp->peer_evfd);
 	free(qp->rq_wrid);
 	free(qp);
 }

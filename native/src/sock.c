@@ -171,9 +171,10 @@ int eng_attach(rsk_sock *s, struct cm_result *res)
 	};
 	int rc;
 
-	/* the peer's wake-ups come on the liveness socket, with its end */
+	/* bell mode: the peer's wake-ups come on the liveness socket, with
+	 * its end (set_bell also lets us ring a peer in bell mode) */
 	s->bell = res->live_fd >= 0 && res->ops->set_bell &&
-		  res->ops->set_bell(res->qp, res->live_fd) == 0;
+		  res->ops->set_bell(res->qp, res->live_fd) == 1;
 	rc = proto_init(&s->p, res->ops, res->qp, &g, &s->st, s->detail,
 			sizeof(s->detail));
 	if (rc) {

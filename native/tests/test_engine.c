@@ -621,9 +621,14 @@ static void t_watch_write_interest(void)
 	 * event loop does: the peer's bell shows on the liveness fd, and
 	 * rsk_check_peer reads it and brings the notify fd up to date) */
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 1000), 4096);
-	CHECK_EQ(poll(&(struct pollfd){ .fd = lfd, .events = POLLIN }, 1, 1000),
-		 1);
-	CHECK_EQ(rsk_check_peer(b), 0);
+	{
+		struct pollfd two[2] = { { .fd = nfd, .events = POLLIN },
+					 { .fd = lfd, .events = POLLIN } };
+
+		CHECK(poll(two, 2, 1000) >= 1);
+		if (two[1].revents) /* bell mode */
+			CHECK_EQ(rsk_check_peer(b), 0);
+	}
 	CHECK_EQ(poll(&pfd, 1, 0), 1);
 	CHECK(rsk_poll(b) & RSK_POLLOUT);
 	CHECK_EQ(rsk_set_interest(b, 7), -EINVAL);
