@@ -123,8 +123,8 @@ typedef int (*eng_pred)(const rsk_sock *s);
 
 
 /* The calling thread's kick eventfd, made at its first sleep on a
- * connection's fds and closed when the thread ends (or forgotten in a
- * fork's child, whose copy the parent's thread shares): another thread
+ * connection's fds and closed when the thread ends (and by a fork's child,
+ * whose copy would share the parent's thread's counter): another thread
  * that must wake the sleeper (close, shutdown, the end of a zero-copy
  * receive) writes it, so that a connection needs no fd of its own for
  * that.  -1 if none can be made (the sleeper then looks every 100 ms). */
