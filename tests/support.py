@@ -53,14 +53,27 @@ _warm_threads: set[int] = set()
 
 def warm_thread() -> None:
     """The engine keeps one kick eventfd per thread that ever waited on an rsock
-    connection (made at its first wait, closed when the thread ends: another
-    thread's close or shutdown wakes the waiter through it).  Makes the calling
-    thread's now, so that a test that counts fds counts only its own."""
+    connection in bell mode (made at its first wait, closed when the thread
+    ends: another thread's close or shutdown wakes the waiter through it).
+    Makes the calling thread's now, so that a test that counts fds counts only
+    its own."""
     tid = threading.get_ident()
     if tid in _warm_threads:
         return
     import rsock
 
+    old = os.environ.get("RSOCK_WAKE")
+    os.environ["RSOCK_WAKE"] = "bell"  # (read per connection)
+    try:
+        _wait_once(rsock, tid)
+    finally:
+        if old is None:
+            del os.environ["RSOCK_WAKE"]
+        else:
+            os.environ["RSOCK_WAKE"] = old
+
+
+def _wait_once(rsock: Any, tid: int) -> None:
     with rsock.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()

@@ -163,9 +163,24 @@ static int eng_thread_kfd(void)
 	return eng_tkfd;
 }
 
+/* The fd_waiter polls its connection's wait fd when it has one (eventfd
+ * mode, verbs): a kick of the provider's notify fd wakes it, as it always
+ * did; in bell mode it polls its thread's kick eventfd. */
+#define WAITER_PROV_KICK (-2)
+
+static int eng_waiter_kfd(rsk_sock *s)
+{
+	return s->kind == K_CONN && eng_wait_fd(s) >= 0 ? WAITER_PROV_KICK
+							 : eng_thread_kfd();
+}
+
 void eng_kick_waiter(rsk_sock *s)
 {
-	if (s->fd_waiter && s->waiter_kfd >= 0)
+	if (!s->fd_waiter)
+		return;
+	if (s->waiter_kfd == WAITER_PROV_KICK)
+		s->p.ops->kick(s->p.qp);
+	else if (s->waiter_kfd >= 0)
 		(void)eventfd_write(s->waiter_kfd, 1);
 }
 
@@ -176,7 +191,7 @@ void eng_kick_waiter(rsk_sock *s)
  * wakeup fd.  Set up under s->lock, polled without it. */
 struct eng_pollset {
 	struct pollfd p[4];
-	int n, i_live, i_sig, i_kick, sigfd;
+	int n, i_live, i_sig, i_kick, sigfd, n_kick_missing;
 };
 
 static void eng_pollset(const rsk_sock *s, int sigfd, int kfd,
@@ -185,6 +200,7 @@ static void eng_pollset(const rsk_sock *s, int sigfd, int kfd,
 	w->n = 0;
 	w->i_live = w->i_sig = w->i_kick = -1;
 	w->sigfd = sigfd;
+	w->n_kick_missing = kfd == -1;
 	if (s->kind == K_CONN) {
 		int wfd = eng_wait_fd(s);
 
@@ -215,7 +231,7 @@ static int eng_poll_wait(struct eng_pollset *w, int ms, int *live)
 	int rc;
 
 	*live = 0;
-	if (w->i_kick < 0 && (ms < 0 || ms > 100))
+	if (w->n_kick_missing && (ms < 0 || ms > 100))
 		ms = 100; /* no kick eventfd: look now and then */
 	rc = poll(w->p, (nfds_t)w->n, ms);
 	if (rc <= 0)
@@ -329,7 +345,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			continue;
 		}
 		s->fd_waiter = 1;
-		s->waiter_kfd = kfd = eng_thread_kfd();
+		s->waiter_kfd = kfd = eng_waiter_kfd(s);
 		if (s->kind == K_CONN && !(s->p.flags & F_DEAD)) {
 			s->p.ops->arm(s->p.qp);
 			s->st.arms++;
