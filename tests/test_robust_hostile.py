@@ -457,6 +457,20 @@ def test_rendezvous_garbage_is_dropped(name: str) -> None:
     assert_no_leaks(before)
 
 
+def forge_segment_connection(port: int) -> socket.socket:
+    """A hand-made REQ client with well-formed segments of its own (bell mode:
+    no eventfds), its handshake sent."""
+    u = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    u.connect(rendezvous(port))
+    fds = segment_fds(GOOD_SIZE, sealed(), True)
+    try:
+        send_handshake(u, req(), fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return u
+
+
 def test_forged_valid_handshake_is_accepted() -> None:
     """The control for the cases above: the same hand-made request with well-formed
     segments is accepted (so each refusal above is due to its one defect), and
@@ -464,12 +478,7 @@ def test_forged_valid_handshake_is_accepted() -> None:
     before = Snapshot()
     with rsock_listener() as srv:
         port = srv.getsockname()[1]
-        fds = segment_fds(GOOD_SIZE, sealed(), True)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as u:
-            u.connect(rendezvous(port))
-            send_handshake(u, req(), fds)
-            for fd in fds:
-                os.close(fd)
+        with forge_segment_connection(port):
             srv.settimeout(5)
             conn, _ = srv.accept()
         with conn:
@@ -674,12 +683,7 @@ def test_liveness_channel_records(what: str) -> None:
     before = Snapshot()
     with rsock_listener() as srv:
         port = srv.getsockname()[1]
-        fds = segment_fds(GOOD_SIZE, sealed(), True)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as u:
-            u.connect(rendezvous(port))
-            send_handshake(u, req(), fds)
-            for fd in fds:
-                os.close(fd)
+        with forge_segment_connection(port) as u:
             srv.settimeout(5)
             conn, _ = srv.accept()
             with conn:
