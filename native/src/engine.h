@@ -93,7 +93,6 @@ struct rsk_sock {
 	int filled; /* fa's send buffer is shrunk: not writable */
 	int dialing; /* K_NEW: rsk_set_dialing (fa not writable) */
 	int refused; /* K_NEW: rsk_set_refused (fb closed; eng_fd_renew) */
-	int wfd;    /* the wait fd the watcher registered (eng_wait_fd) */
 	int wslot;  /* our slot in the watcher thread's table, -1 if none
 		     * (taken and dropped under s->lock; the table's own lock
 		     * comes after it) */

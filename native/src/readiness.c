@@ -302,13 +302,12 @@ int eng_watch_add(rsk_sock *s)
 		eng_w.cap = cap;
 	}
 	d = (uint64_t)eng_w.slot[i].gen << 32 | (uint64_t)i << 1;
-	s->wfd = eng_wait_fd(s);
-	rc = eng_watch_fd(EPOLL_CTL_ADD, s->wfd, EPOLLIN | EPOLLET, d);
+	rc = eng_watch_fd(EPOLL_CTL_ADD, eng_wait_fd(s), EPOLLIN | EPOLLET, d);
 	if (!rc && !(s->p.flags & F_PEER_GONE))
 		rc = eng_watch_fd(EPOLL_CTL_ADD, s->live_fd,
 				  EPOLLIN | EPOLLRDHUP | EPOLLET, d | 1);
 	if (rc) {
-		eng_watch_fd(EPOLL_CTL_DEL, s->wfd, 0, 0);
+		eng_watch_fd(EPOLL_CTL_DEL, eng_wait_fd(s), 0, 0);
 		goto out;
 	}
 	eng_w.slot[i].s = s;
@@ -346,7 +345,7 @@ void eng_watch_del(rsk_sock *s)
 		return;
 	pthread_mutex_lock(&eng_w.lock);
 	if (eng_w.epfd >= 0) {
-		eng_watch_fd(EPOLL_CTL_DEL, s->wfd, 0, 0);
+		eng_watch_fd(EPOLL_CTL_DEL, eng_wait_fd(s), 0, 0);
 		eng_watch_fd(EPOLL_CTL_DEL, s->live_fd, 0, 0);
 	}
 	eng_w.slot[s->wslot].s = NULL;
