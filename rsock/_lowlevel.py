@@ -420,6 +420,36 @@ def set_interest(h: Handle, events: int) -> int:
     return int(lib.rsk_set_interest(h.ptr, events))
 
 
+def set_polled(h: Handle, on: bool) -> int:
+    """Polling mode on or off (rsk_set_polled): while on, the notify fd is
+    neither armed nor kept exact; the caller polls with ``SpinSet``."""
+    return int(lib.rsk_set_polled(h.ptr, 1 if on else 0))
+
+
+class SpinSet:
+    """Connections an event loop polls (``rsk_spin_ready``): a C array of
+    their handles, made for one membership (the handles are kept alive)."""
+
+    __slots__ = ("_handles", "_v", "_out", "_n")
+
+    def __init__(self, handles: list[Handle]) -> None:
+        self._handles = handles
+        self._n = len(handles)
+        self._v = ffi.new("rsk_sock *[]", [h.ptr for h in handles] or 1)
+        self._out = ffi.new("int[]", self._n or 1)
+
+    def spin(self, budget_us: int) -> list[int]:
+        """Indexes of the connections ready within ``budget_us`` (busy-polls
+        that long at most, the GIL released), ``[]`` if none."""
+        k = lib.rsk_spin_ready(self._v, self._n, budget_us, self._out)
+        if k <= 0:
+            if k < 0:
+                raise oserror(k)
+            return []
+        out = self._out
+        return [out[i] for i in range(k)]
+
+
 def set_dialing(h: Handle, on: bool) -> int:
     """A connect goes on in another thread: the fd does not poll writable."""
     return int(lib.rsk_set_dialing(h.ptr, 1 if on else 0))

@@ -48,6 +48,7 @@ class Watch:
         "_interest",
         "_reading",
         "_live",
+        "_polled",
     )
 
     def __init__(
@@ -72,6 +73,7 @@ class Watch:
         self._interest = -1  # as last set through this watch (-1: never)
         self._reading = False  # a reader on notify_fd
         self._live = False  # a reader on live_fd
+        self._polled = False  # polling mode: no reader on notify_fd
 
     def start(self) -> _ll.Handle:
         """Turns the notify fd's exact readiness on and reads the two fds;
@@ -120,7 +122,9 @@ class Watch:
         if interest != self._interest:
             self._interest = interest
             _ll.set_interest(self.handle, interest)
-        if interest and not self._reading:
+        if self._polled:
+            pass  # the loop's poller looks at the ring (set_polled)
+        elif interest and not self._reading:
             loop.add_reader(self.notify_fd, on_ready)
             self._reading = True
         elif not interest and self._reading:
@@ -129,6 +133,23 @@ class Watch:
         if not self._live and self.live_fd >= 0:
             loop.add_reader(self.live_fd, self._on_live, loop, on_ready)
             self._live = True
+
+    def set_polled(self, loop: Any, on_ready: Callable[[], None], on: bool) -> None:
+        """Polling mode on: the notify fd is neither armed nor watched (the
+        caller polls the ring with ``_ll.SpinSet``, and calls ``on_ready``
+        itself); off: the engine arms and makes the notify fd exact again,
+        and ``loop`` watches it as ``arm`` left it.  The liveness fd stays
+        watched either way."""
+        if on == self._polled or not self._is_open():
+            return
+        self._polled = on
+        if on and self._reading:
+            loop.remove_reader(self.notify_fd)
+            self._reading = False
+        _ll.set_polled(self.handle, on)
+        if not on and self._interest > 0:
+            loop.add_reader(self.notify_fd, on_ready)
+            self._reading = True
 
     def _on_live(self, loop: Any, on_ready: Callable[[], None]) -> None:
         # What the ring holds first: a peer that closed wrote its FIN there

@@ -25,6 +25,7 @@ import errno
 import os
 import socket as _std
 import ssl as _ssl
+import time
 import warnings
 from asyncio import constants, sslproto, transports
 from collections.abc import Awaitable, Callable, Iterable
@@ -61,6 +62,145 @@ def _loop_spin(sock: socket) -> None:
     sock.setsockopt(SOL_RSOCK, RSOCK_SPIN_US, 0)
 
 
+_POLL_ENV = "RSOCK_LOOP_POLL_US"
+_POLL_DEFAULT_US = 50  # as the engine's default spin of a blocking call
+_POLL_MAX_US = 1_000_000
+_POLL_SLICE_US = 25  # longest busy-poll between two looks at the loop's other work
+# a loop that came back to the poller later than this ran other callbacks
+# meanwhile (a round of uvloop's with only the poller takes ~2 µs here)
+_POLL_GAP_NS = 8_000
+
+
+def _loop_poll_us() -> int:
+    """``RSOCK_LOOP_POLL_US`` (0 .. 1 s, default 50; 0: no polling)."""
+    v = os.environ.get(_POLL_ENV)
+    if v is None or v == "":
+        return _POLL_DEFAULT_US
+    try:
+        us = int(v, 0)
+    except ValueError:
+        raise ValueError(f"{_POLL_ENV}={v!r} is not an integer") from None
+    if not 0 <= us <= _POLL_MAX_US:
+        raise ValueError(f"{_POLL_ENV}={v!r} is not within 0 .. {_POLL_MAX_US}")
+    return us
+
+
+class _LoopPoller:
+    """Polling on one loop (``RSOCK_LOOP_POLL_US``): a transport that was
+    active (data came, or it wrote) stays *hot* for that long after its
+    last activity, and while any is hot the loop looks at their rings
+    itself instead of sleeping on their notify fds.
+
+    It runs as a callback that busy-polls the hot rings for a slice
+    (``_POLL_SLICE_US``, the GIL released; no spin at all while the loop
+    has other callbacks to run), calls ``_on_ready`` of the transports
+    found ready, and schedules itself again with ``call_soon``, so the
+    loop's other fds, timers and callbacks get their turn between slices.
+    A hot connection is in the engine's polling mode: its peer writes no
+    eventfd and nothing wakes the loop per message.  A transport idle for
+    the whole budget goes back to the loop's readers (the engine arms and
+    makes its notify fd exact again); with none hot, the poller stops and
+    the loop sleeps as usual, so idle connections cost nothing and a
+    loop with many connections polls only the busy ones."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, budget_us: int) -> None:
+        self._loop = loop
+        self._budget_ns = budget_us * 1000
+        self._slice_us = min(budget_us, _POLL_SLICE_US)
+        self._sweep_ns = max(self._budget_ns // 4, 10_000)
+        self._hot: list[RsockTransport] = []
+        self._snap: tuple[RsockTransport, ...] = ()
+        self._set: _ll.SpinSet | None = None
+        self._running = False
+        self._swept = 0
+        self._last_end = 0  # when the last look ended
+        ready = getattr(loop, "_ready", None)  # asyncio's BaseEventLoop
+        self._queue: collections.deque[Any] | None = (
+            ready if isinstance(ready, collections.deque) else None
+        )
+
+    def touch(self, tr: RsockTransport) -> None:
+        """``tr`` was active and is not hot: it is now."""
+        tr._polled = tr._poll_seen = True
+        tr._poll_last = time.monotonic_ns()
+        self._hot.append(tr)
+        self._set = None
+        tr._watch.set_polled(self._loop, tr._on_ready, True)
+        if not self._running:
+            self._running = True
+            self._loop.call_soon(self._run)
+
+    def _cool(self, tr: RsockTransport) -> None:
+        tr._polled = False
+        self._hot.remove(tr)
+        self._set = None
+        tr._watch.set_polled(self._loop, tr._on_ready, False)
+
+    def leave(self, tr: RsockTransport) -> None:
+        """``tr`` is closing (its watch is disarmed next)."""
+        if tr._polled:
+            tr._polled = False
+            self._hot.remove(tr)
+            self._set = None
+
+    def _sweep(self, now: int) -> None:
+        self._swept = now
+        for tr in tuple(self._hot):
+            if tr._poll_seen:
+                tr._poll_seen = False
+                tr._poll_last = now
+            elif now - tr._poll_last >= self._budget_ns:
+                self._cool(tr)
+
+    def _run(self) -> None:
+        if not self._hot:
+            self._running = False
+            return
+        if self._set is None:
+            self._snap = tuple(self._hot)
+            self._set = _ll.SpinSet([tr._watch.handle for tr in self._snap])
+        snap = self._snap
+        # spin only while the loop has nothing else to do: asyncio's loops
+        # show their queue of callbacks; on others (uvloop), other callbacks
+        # ran since the last look if the loop took long to come back
+        start = time.monotonic_ns()
+        queue = self._queue
+        idle = not queue if queue is not None else start - self._last_end < _POLL_GAP_NS
+        try:
+            ready = self._set.spin(self._slice_us if idle else 0)
+            now = self._last_end = time.monotonic_ns()
+            for i in ready:
+                snap[i]._poll_seen = True
+            if now - self._swept >= self._sweep_ns:
+                self._sweep(now)
+            for i in ready:
+                tr = snap[i]
+                if tr._polled:
+                    tr._on_ready()
+        finally:
+            if self._hot:
+                self._loop.call_soon(self._run)
+            else:
+                self._running = False
+
+
+def _poller_for(loop: asyncio.AbstractEventLoop) -> _LoopPoller | None:
+    """The loop's poller (made at its first rsock transport), or None when
+    polling is off (``RSOCK_LOOP_POLL_US=0``) or the loop takes no
+    attributes."""
+    us = _loop_poll_us()
+    if not us:
+        return None
+    p: _LoopPoller | None = getattr(loop, "_rsock_poller", None)
+    if p is None:
+        p = _LoopPoller(loop, us)
+        try:
+            loop._rsock_poller = p  # type: ignore[attr-defined]
+        except AttributeError:
+            return None
+    return p
+
+
 class RsockTransport(transports._FlowControlMixin):
     """``asyncio.Transport`` over a connected rsock socket.
 
@@ -79,6 +219,11 @@ class RsockTransport(transports._FlowControlMixin):
         waiter: asyncio.Future[None] | None = None,
     ) -> None:
         super().__init__(None, loop)
+        try:
+            self._poller = _poller_for(loop)
+        except ValueError:  # a bad RSOCK_LOOP_POLL_US
+            sock.close()
+            raise
         self._info: dict[str, Any] = {"socket": sock}
         self._loop = loop
         self._sock = sock
@@ -112,6 +257,9 @@ class RsockTransport(transports._FlowControlMixin):
         # then reads copy straight out of the ring
         self._scratch = bytearray(_SCRATCH)
         self._scratch_mv = memoryview(self._scratch)
+        self._polled = False  # hot in the poller (the engine's polling mode)
+        self._poll_seen = False  # active since the poller's last sweep
+        self._poll_last = 0
         if server is not None:
             server._attach()
         self._loop.call_soon(self._connection_made, waiter)
@@ -157,6 +305,10 @@ class RsockTransport(transports._FlowControlMixin):
         # the interest itself; here only a flush can change it.
         if self._lost():
             return
+        if self._polled:
+            self._poll_seen = True
+        elif self._poller is not None:
+            self._poller.touch(self)  # poll for a while before sleeping again
         if self._buffer:
             self._flush()  # may lose the connection or empty the buffer
             if self._lost():
@@ -251,6 +403,10 @@ class RsockTransport(transports._FlowControlMixin):
     # ---------------------------------------------------------------- writing
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._polled:
+            self._poll_seen = True  # an answer may come: go on polling
+        elif self._poller is not None:
+            self._poller.touch(self)
         t = type(data)
         if (
             (t is bytes or t is memoryview or t is bytearray)
@@ -443,6 +599,7 @@ class RsockTransport(transports._FlowControlMixin):
         # nothing left to send: no reader has anything to do any more (the
         # peer's close would otherwise wake the loop once more on the
         # liveness fd, and the engine's interest need not change first)
+        self._leave_poller()
         self._watch.disarm(self._loop)
         self._conn_lost += 1
         self._loop.call_soon(self._call_connection_lost, None)
@@ -479,7 +636,13 @@ class RsockTransport(transports._FlowControlMixin):
         self._conn_lost += 1
         self._loop.call_soon(self._call_connection_lost, exc)
 
+    def _leave_poller(self) -> None:
+        p, self._poller = self._poller, None
+        if p is not None:
+            p.leave(self)
+
     def _call_connection_lost(self, exc: Exception | None) -> None:
+        self._leave_poller()
         self._watch.disarm(self._loop)
         try:
             self._protocol.connection_lost(exc)
@@ -729,6 +892,7 @@ async def create_server(
     _check_timeouts(ctx, tls)
     if kw:
         raise TypeError(f"unexpected keyword arguments: {sorted(kw)}")
+    _loop_poll_us()  # a bad value is the caller's error, now
     loop = asyncio.get_running_loop()
     if sock is not None:
         if host is not None or port is not None:
@@ -911,6 +1075,7 @@ async def create_connection(
     ctx = _ssl_context(ssl, server_side=False)
     tls = _ssl_args(kw)
     _check_timeouts(ctx, tls)
+    _loop_poll_us()  # a bad value is the caller's error, before connecting
     if ctx is None and server_hostname is not None:
         raise ValueError("server_hostname is only meaningful with ssl")
     if ctx is not None and server_hostname is None:

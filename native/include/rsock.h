@@ -128,6 +128,21 @@ int rsk_check_peer(rsk_sock *s);
 #define RSK_WATCH_FD 2
 int rsk_set_watch(rsk_sock *s, int mask);
 int rsk_set_interest(rsk_sock *s, int events);
+/* Polling mode of an event loop (rsock.asyncio: RSOCK_LOOP_POLL_US).  While
+ * on, RSK_WATCH_NOTIFY neither arms the connection's notification (the
+ * peer writes no eventfd and rings no bell for it) nor keeps the notify fd
+ * exact: the caller finds readiness with rsk_spin_ready instead, and must
+ * not sleep on the notify fd.  Turning it off arms again and makes the
+ * notify fd exact (readable now if the socket is ready), so a loop may
+ * sleep on it again.  -ENOTCONN if not a connection. */
+int rsk_set_polled(rsk_sock *s, int on);
+/* Busy-polls the connections v[0..n) for up to budget_us microseconds
+ * (yielding the CPU between rounds) until one or more is ready for the
+ * events of its rsk_set_interest, or its peer is gone; writes their
+ * indexes to ready[] (room for n) and returns how many, 0 if none became
+ * ready in time.  Closed sockets and NULL entries are skipped.  Never
+ * sleeps; takes each socket's lock for its look only. */
+int rsk_spin_ready(rsk_sock *const *v, int n, int budget_us, int *ready);
 /* An unconnected endpoint whose connect goes on elsewhere (a thread of the
  * caller's waits for a full backlog): while on, rsk_fileno does not poll
  * writable, as a TCP socket's whose SYN is unanswered; off again, it polls

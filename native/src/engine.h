@@ -53,6 +53,8 @@ struct rsk_sock {
 	int watch;    /* RSK_WATCH_NOTIFY | RSK_WATCH_FD */
 	int interest; /* RSK_POLLIN/RSK_POLLOUT that make the fd readable */
 	int kicked; /* we made our own notify fd readable */
+	int polled; /* rsk_set_polled: a loop polls it; no arming and no
+		     * notify fd upkeep for RSK_WATCH_NOTIFY */
 	unsigned fork_gen;  /* eng_fork_gen/eng_fork_pgen when connected: a */
 	unsigned fork_pgen; /* connection that crossed a fork is shared */
 	uint32_t creator;   /* pid that connected/accepted it */

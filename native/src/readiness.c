@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -396,7 +397,7 @@ static void eng_watch_child(void)
 /* What the engine must wake us for. */
 int eng_want_wake(const rsk_sock *s)
 {
-	if ((s->watch & RSK_WATCH_NOTIFY) && !eng_fd_ready(s))
+	if ((s->watch & RSK_WATCH_NOTIFY) && !s->polled && !eng_fd_ready(s))
 		return 1;
 	return (s->watch & RSK_WATCH_FD) &&
 	       !(eng_readable(s) && eng_writable(s)) &&
@@ -422,7 +423,8 @@ void eng_sync_fd(rsk_sock *s)
 	for (;;) {
 		if (s->watch & RSK_WATCH_FD)
 			eng_sync_pair(s);
-		if ((s->watch & RSK_WATCH_NOTIFY) && !s->fd_waiter) {
+		if ((s->watch & RSK_WATCH_NOTIFY) && !s->fd_waiter &&
+		    !s->polled) {
 			if (eng_fd_ready(s)) {
 				if (!s->kicked) {
 					s->p.ops->kick(s->p.qp);
@@ -511,4 +513,75 @@ int eng_fd_renew(rsk_sock *s)
 	close(a);
 	s->fa = fa;
 	return 0;
+}
+
+/* ------------------------------------------------------- polling mode */
+
+/*
+ * An event loop in polling mode (rsock.asyncio, RSOCK_LOOP_POLL_US) looks
+ * at its connections' rings itself for a while after their last activity
+ * instead of sleeping on their notify fds: no eventfd write by the peer,
+ * no wake-up, no read of it here, per message.  While s->polled the notify
+ * fd is left as it is and nothing arms for it (eng_want_wake, eng_sync_fd;
+ * RSK_WATCH_FD and blocking calls arm as always); turning it off brings
+ * the fd up to date and arms, in eng_leave, before the loop sleeps on it.
+ */
+int rsk_set_polled(rsk_sock *s, int on)
+{
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	if (s->kind != K_CONN) {
+		rc = -ENOTCONN;
+	} else if (on && !s->polled) {
+		s->polled = 1;
+		/* an arm of before would cost the peer one notify (and us its
+		 * read when polling ends) for nothing */
+		if (!s->fd_waiter && !(s->watch & RSK_WATCH_FD) &&
+		    s->p.ops->armed(s->p.qp))
+			s->p.ops->disarm(s->p.qp);
+	} else if (!on) {
+		s->polled = 0;
+	}
+	eng_leave(s); /* off: the notify fd exact, armed if need be */
+	return rc;
+}
+
+/* Is s ready for its interest, after taking in its completions? (s->lock) */
+static int eng_spin_look(rsk_sock *s)
+{
+	if (s->closed || s->released || s->kind != K_CONN ||
+	    (eng_forked(s) && !eng_owned(s)))
+		return 0;
+	if (s->p.ops->cq_pending(s->p.qp) && eng_progress(s))
+		eng_sync_fd(s);
+	return eng_fd_ready(s);
+}
+
+int rsk_spin_ready(rsk_sock *const *v, int n, int budget_us, int *ready)
+{
+	int64_t end;
+	int i, k;
+
+	if (n < 0 || budget_us < 0 || (n && (!v || !ready)))
+		return -EINVAL;
+	end = eng_now_ns() + (int64_t)budget_us * 1000;
+	for (;;) {
+		for (i = k = 0; i < n; i++) {
+			rsk_sock *s = v[i];
+			int r;
+
+			if (!s)
+				continue;
+			eng_lock(s);
+			r = eng_spin_look(s);
+			pthread_mutex_unlock(&s->lock);
+			if (r)
+				ready[k++] = i;
+		}
+		if (k || eng_now_ns() >= end)
+			return k;
+		sched_yield();
+	}
 }

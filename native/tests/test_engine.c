@@ -636,6 +636,72 @@ static void t_watch_write_interest(void)
 	rsk_free(b);
 }
 
+/* Polling mode (an event loop's RSOCK_LOOP_POLL_US): while b is polled, a
+ * message into its ring costs the writer no notify and leaves b's notify
+ * fd alone; rsk_spin_ready finds it.  Turning polling off makes the notify
+ * fd exact at once (data waiting: readable) and arms again. */
+static void t_polled_spin(void)
+{
+	struct rsk_opts o = opts(4096, 32);
+	struct rsk_stats sa0, sa1, sb;
+	struct pollfd two[2];
+	rsk_sock *a, *b, *v[3];
+	int nfd, lfd, ready[3], i;
+	char buf[64];
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_set_polled(a, 1), 0); /* (a's own mode: not b's) */
+	CHECK_EQ(rsk_set_polled(a, 0), 0);
+	CHECK_EQ(rsk_set_watch(b, RSK_WATCH_NOTIFY), 0);
+	CHECK_EQ(rsk_set_interest(b, RSK_POLLIN), 0);
+	CHECK_EQ(rsk_notify_fds(b, &nfd, &lfd), 0);
+	two[0] = (struct pollfd){ .fd = nfd, .events = POLLIN };
+	two[1] = (struct pollfd){ .fd = lfd, .events = POLLIN };
+	CHECK_EQ(poll(two, 2, 0), 0); /* idle, armed */
+	CHECK_EQ(rsk_set_polled(b, 1), 0);
+	v[0] = NULL;
+	v[1] = b;
+	v[2] = a; /* nothing for a: interest POLLIN, empty ring */
+	CHECK_EQ(rsk_spin_ready(v, 3, 1000, ready), 0); /* ~1 ms, nothing */
+	CHECK_EQ(rsk_stats(a, &sa0), 0);
+	for (i = 0; i < 50; i++) {
+		CHECK_EQ(rsk_send(a, "ping", 4, 0, 0), 4);
+		CHECK_EQ(rsk_spin_ready(v, 3, 1000000, ready), 1);
+		CHECK_EQ(ready[0], 1);
+		CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 4);
+	}
+	CHECK_EQ(rsk_stats(a, &sa1), 0);
+	CHECK_EQ(sa1.notifies_sent - sa0.notifies_sent, 0); /* nobody was woken */
+	CHECK_EQ(poll(two, 2, 0), 0);
+	/* polling ends with a message waiting: the fd shows it */
+	CHECK_EQ(rsk_send(a, "last", 4, 0, 0), 4);
+	CHECK_EQ(poll(two, 2, 0), 0);
+	CHECK_EQ(rsk_set_polled(b, 0), 0);
+	CHECK_EQ(poll(&two[0], 1, 0), 1);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 4);
+	CHECK(!memcmp(buf, "last", 4));
+	/* and not polled, b is armed again: the next message notifies */
+	CHECK_EQ(poll(&two[0], 1, 0), 0);
+	CHECK_EQ(rsk_stats(b, &sb), 0);
+	CHECK(sb.arms > 0);
+	CHECK_EQ(rsk_send(a, "wake", 4, 0, 0), 4);
+	CHECK_EQ(poll(two, 2, 1000) >= 1, 1);
+	if (two[1].revents) /* bell mode */
+		CHECK_EQ(rsk_check_peer(b), 0);
+	CHECK_EQ(poll(&two[0], 1, 0), 1);
+	/* the peer's close: ready (EOF), as the notify fd would show it */
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 4);
+	CHECK_EQ(rsk_set_polled(b, 1), 0);
+	CHECK_EQ(rsk_close(a), 0);
+	CHECK_EQ(rsk_spin_ready(v + 1, 1, 1000000, ready), 1);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
+	CHECK_EQ(rsk_spin_ready(v, 3, 0, ready), 1); /* a closed: skipped */
+	CHECK_EQ(rsk_spin_ready(v, -1, 0, ready), -EINVAL);
+	CHECK_EQ(rsk_set_polled(a, 1), -EBADF);
+	rsk_free(a);
+	rsk_free(b);
+}
+
 /* Accept-then-fork: the child claims the connection the parent did not
  * use after the fork, serves it, and the parent's close sends no FIN. */
 static void t_fork_child_serves(void)
@@ -884,6 +950,7 @@ int main(void)
 	RUN(t_watch_fd);
 	RUN(t_watch_fd_writable);
 	RUN(t_watch_write_interest);
+	RUN(t_polled_spin);
 	RUN(t_fork_child_serves);
 	RUN(t_fork_creator_keeps);
 	RUN(t_stream_wrap_small_ring);

@@ -1,0 +1,274 @@
+"""Polling on an event loop (``RSOCK_LOOP_POLL_US``, rsock.asyncio's
+``_LoopPoller``), on asyncio and uvloop.
+
+While a connection is busy the loop looks at its ring itself, so a message
+wakes nobody (the counters say so); once it has been idle for the budget
+the loop sleeps on its fds again and burns no CPU, and is still woken by
+what comes later.  Behaviour tests run over asyncio's own TCP too (the
+oracle); the counter and hot-set checks are rsock's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from support import FAST_PROVIDER
+
+import rsock
+import rsock.asyncio as ra
+
+T = TypeVar("T")
+LOOPS = ["asyncio", "uvloop"]
+HANG = 30  # every test's own limit (s)
+
+
+@pytest.fixture(params=LOOPS)
+def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, T]], T]:
+    def runner(coro: Coroutine[Any, Any, T]) -> T:
+        if request.param == "uvloop":
+            import uvloop
+
+            return uvloop.run(asyncio.wait_for(coro, HANG))  # type: ignore[no-any-return]
+        return asyncio.run(asyncio.wait_for(coro, HANG))
+
+    return runner
+
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+class Client(asyncio.Protocol):
+    """Collects what comes; ``wait(n)`` until n bytes are there."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.event = asyncio.Event()
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self.event.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    async def wait(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self.event.clear()
+            await self.event.wait()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+
+async def open_pair(transport: str) -> tuple[Any, asyncio.Transport, Client]:
+    loop = asyncio.get_running_loop()
+    if transport == "rsock":
+        server = await ra.create_server(Echo, "127.0.0.1", 0)
+        tr, cp = await ra.create_connection(Client, "127.0.0.1", server.sockets[0].getsockname()[1])
+        assert tr.get_extra_info("socket").provider == FAST_PROVIDER
+    else:
+        server = await loop.create_server(Echo, "127.0.0.1", 0)
+        tr, cp = await loop.create_connection(Client, "127.0.0.1", server.sockets[0].getsockname()[1])
+    return server, tr, cp
+
+
+def notifies(tr: asyncio.Transport) -> int:
+    return int(tr.get_extra_info("socket").stats()["notifies_sent"])
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+@pytest.mark.parametrize("poll_us", ["0", "", "100000"])
+def test_round_trips(transport: str, poll_us: str, run: Any, monkeypatch: Any) -> None:
+    """Echoed round trips arrive intact with polling off, at its default and
+    long; over rsock, with polling the client's messages wake the server
+    (on the same loop) at most a few times (when a poll ended between two of
+    them), without it about once each."""
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", poll_us)
+    n = 400
+
+    async def main() -> int:
+        server, tr, cp = await open_pair(transport)
+        async with server:
+            before = notifies(tr) if transport == "rsock" else 0
+            for i in range(n):
+                msg = i.to_bytes(4, "big") * 16
+                tr.write(msg)
+                assert await cp.wait(64) == msg
+            woke = notifies(tr) - before if transport == "rsock" else 0
+            tr.close()
+            await cp.lost
+        return woke
+
+    woke = run(main())
+    if transport == "rsock":
+        if poll_us == "0":
+            assert woke >= n // 2, woke
+        else:
+            assert woke <= n // 20, woke
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+def test_idle_loop_sleeps_and_still_wakes(transport: str, run: Any) -> None:
+    """After a burst of round trips the loop goes idle: it burns no CPU
+    while a thread's client stays quiet (polling ended), and what the
+    client sends after that still wakes it."""
+    mod: Any = rsock if transport == "rsock" else socket
+    got: list[bytes] = []
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        if transport == "rsock":
+            server = await ra.create_server(Echo, "127.0.0.1", 0)
+        else:
+            server = await loop.create_server(Echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        go = threading.Event()
+
+        def client() -> None:
+            with mod.create_connection(("127.0.0.1", port), timeout=HANG) as c:
+                for i in range(200):
+                    c.sendall(b"%08d" % i)
+                    got.append(c.recv(8))
+                go.wait(HANG)
+                c.sendall(b"late....")
+                got.append(c.recv(8))
+
+        async with server:
+            t = threading.Thread(target=client, daemon=True)
+            t.start()
+            while len(got) < 200:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # polling ends (its budget is 50 µs)
+            c0 = time.process_time()
+            await asyncio.sleep(0.5)
+            cpu = time.process_time() - c0
+            go.set()
+            while t.is_alive():
+                await asyncio.sleep(0.01)
+            return cpu
+
+    cpu = run(main())
+    assert got == [b"%08d" % i for i in range(200)] + [b"late...."]
+    assert cpu < 0.1, f"the idle loop burned {cpu:.3f} s of CPU in 0.5 s"
+
+
+def test_only_busy_connections_are_polled(run: Any) -> None:
+    """Of 50 connections on one loop only the one that talks is polled; it
+    leaves the poll set when idle, and closing it leaves no trace."""
+
+    async def main() -> None:
+        server = await ra.create_server(Echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            pairs = [await ra.create_connection(Client, "127.0.0.1", port) for _ in range(50)]
+            await asyncio.sleep(0.05)
+            loop = asyncio.get_running_loop()
+            poller = loop._rsock_poller  # type: ignore[attr-defined]
+            assert poller._hot == []
+            tr, cp = pairs[7]
+            for _ in range(20):
+                tr.write(b"x" * 64)
+                assert await cp.wait(64) == b"x" * 64
+            hot = list(poller._hot)
+            # the client's transport and the server's of that connection
+            assert tr in hot and len(hot) == 2, hot
+            await asyncio.sleep(0.05)
+            assert poller._hot == []
+            tr.write(b"again")  # a cooled connection wakes through its fd
+            assert await cp.wait(5) == b"again"
+            for tr, cp in pairs:
+                tr.close()
+                await cp.lost
+            await asyncio.sleep(0.05)
+            assert poller._hot == [] and not poller._running
+
+    run(main())
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+def test_timers_and_callbacks_run_while_polling(transport: str, run: Any) -> None:
+    """A connection kept busy by a thread's client does not starve the
+    loop's timers and callbacks: a 20 ms timer fires, and a chain of 2,000
+    call_soon callbacks completes, while the round trips go on."""
+    mod: Any = rsock if transport == "rsock" else socket
+    stop = threading.Event()
+    count = [0]
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        if transport == "rsock":
+            server = await ra.create_server(Echo, "127.0.0.1", 0)
+        else:
+            server = await loop.create_server(Echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        def client() -> None:
+            with mod.create_connection(("127.0.0.1", port), timeout=HANG) as c:
+                while not stop.is_set():
+                    c.sendall(b"ping")
+                    if c.recv(4) != b"ping":
+                        return
+                    count[0] += 1
+
+        async with server:
+            t = threading.Thread(target=client, daemon=True)
+            t.start()
+            while count[0] < 100:
+                await asyncio.sleep(0.001)
+            fired = loop.create_future()
+            t0 = loop.time()
+            loop.call_later(0.02, lambda: fired.set_result(loop.time()))
+            late = await fired - t0 - 0.02
+            chain = loop.create_future()
+
+            def step(i: int) -> None:
+                if i:
+                    loop.call_soon(step, i - 1)
+                else:
+                    chain.set_result(loop.time())
+
+            t1 = loop.time()
+            loop.call_soon(step, 2000)
+            took = await chain - t1
+            stop.set()
+            while t.is_alive():
+                await asyncio.sleep(0.01)
+        return late, took
+
+    late, took = run(main())
+    assert late < 0.5 and took < 2.0, (late, took)
+    assert count[0] >= 100
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "2000000"])
+def test_bad_budget_is_a_clear_error(value: str, run: Any, monkeypatch: Any) -> None:
+    """A bad RSOCK_LOOP_POLL_US: create_server and create_connection raise
+    ValueError naming it, before anything is made."""
+
+    async def main() -> None:
+        server = await ra.create_server(Echo, "127.0.0.1", 0)
+        async with server:
+            monkeypatch.setenv("RSOCK_LOOP_POLL_US", value)
+            with pytest.raises(ValueError, match="RSOCK_LOOP_POLL_US"):
+                await ra.create_connection(Client, "127.0.0.1", server.sockets[0].getsockname()[1])
+            with pytest.raises(ValueError, match="RSOCK_LOOP_POLL_US"):
+                await ra.create_server(Echo, "127.0.0.1", 0)
+            monkeypatch.delenv("RSOCK_LOOP_POLL_US")
+
+    run(main())
