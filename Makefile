@@ -20,7 +20,7 @@ BENCH_ARGS ?=
 export DEBIAN_FRONTEND := noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all venv sysdeps check-native lint test bench bench-apps clean
+.PHONY: all venv sysdeps check-native lint test bench bench-apps bench-ucxx clean
 
 all: test
 
@@ -101,9 +101,27 @@ bench: venv
 bench-apps: venv
 	$(VPY) -m rsock.bench apps $(BENCH_ARGS)
 
+# The UCXX reference (issue 18): UCX's Python bindings in an optional venv of their own
+# (~350 MB from PyPI, runs without a GPU), never a dependency of rsock; the benchmark
+# then runs ucxx beside rsock and TCP on the asyncio api, 64 B and 1 MiB ping-pong.
+UCXX_VENV := .venv-ucxx
+UCXX_PKG ?= ucxx-cu12
+UCXX_STAMP := $(UCXX_VENV)/.rsock-installed
+
+$(UCXX_STAMP): $(NATIVE_INPUTS) | sysdeps
+	$(PYTHON) -m venv $(UCXX_VENV)
+	$(UCXX_VENV)/bin/python -m pip install --quiet --upgrade pip "setuptools>=61" wheel "cffi>=1.15"
+	$(UCXX_VENV)/bin/python -m pip install --quiet $(UCXX_PKG)
+	$(UCXX_VENV)/bin/python -m pip install --quiet --no-build-isolation -e '.[uvloop,bench]'
+	touch $@
+
+bench-ucxx: $(UCXX_STAMP)
+	$(UCXX_VENV)/bin/python -m rsock.bench --transport rsock,tcp,ucxx --api asyncio \
+		--tests pingpong --ping-sizes 64,1M $(BENCH_ARGS)
+
 clean:
 	-[ -f native/Makefile ] && $(MAKE) -C native clean
-	rm -rf $(VENV) build native/build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(UCXX_VENV) build native/build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	rm -f rsock/_native.c rsock/_native.o rsock/_native*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 

@@ -415,7 +415,7 @@ def test_mode_from_environment(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["env"]["mode"] == "env" and doc["env"]["spin_us"] == "7"
     assert doc["cases"][0]["server"]["rsock_opts"]["spin_us"] == 7
-    assert "mode=RSOCK_SPIN_US=7 (from the environment)" in proc.stdout
+    assert "mode=RSOCK_SPIN_US=7 RSOCK_LOOP_POLL_US=None (from the environment)" in proc.stdout
     # an explicit --mode wins over the environment, for both workers
     proc = run_raw(
         [*TINY, "--transport", "rsock", "--api", "sync", "--tests", "pingpong", "--json", str(out),
@@ -525,6 +525,7 @@ def test_options_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     from rsock import bench as rb
 
     monkeypatch.delenv("RSOCK_SPIN_US", raising=False)
+    monkeypatch.delenv("RSOCK_LOOP_POLL_US", raising=False)
     monkeypatch.delenv("RSOCK_PROVIDER", raising=False)
     o = rb.parse_options(["--pin", "none"])
     assert o.tests == ["stream", "msgrate", "pingpong", "connrate", "idle"]
@@ -537,12 +538,19 @@ def test_options_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rb.ping_rounds(q, 64) == (2000, 200) and rb.ping_rounds(q, 8 << 20) == (20, 5)
     assert rb.ping_rounds(o, 1 << 20) == (256, 25)  # 256 MiB budget
     assert rb.worker_env(q)["RSOCK_SPIN_US"] == "1000000"
+    assert rb.worker_env(q)["RSOCK_LOOP_POLL_US"] == "1000000"
     e = rb.parse_options(["--pin", "none", "--mode", "event", "--ping-sizes", "1K,2K"])
     assert e.ping_sizes == [1024, 2048] and rb.worker_env(e)["RSOCK_SPIN_US"] == "0"
+    assert rb.worker_env(e)["RSOCK_LOOP_POLL_US"] == "0"
     monkeypatch.setenv("RSOCK_SPIN_US", "5")
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", "6")
     a = rb.parse_options(["--pin", "none", "--mode", "adaptive"])
-    assert "RSOCK_SPIN_US" not in rb.worker_env(a)  # the engine's default
+    assert "RSOCK_SPIN_US" not in rb.worker_env(a)  # the defaults
+    assert "RSOCK_LOOP_POLL_US" not in rb.worker_env(a)
     assert rb.parse_options(["--pin", "none"]).mode == "env"
+    monkeypatch.delenv("RSOCK_SPIN_US")
+    assert rb.parse_options(["--pin", "none"]).mode == "env"  # RSOCK_LOOP_POLL_US alone
+    monkeypatch.delenv("RSOCK_LOOP_POLL_US")
     monkeypatch.setenv("RSOCK_PROVIDER", "verbs")
     v = rb.parse_options(["--pin", "none"])
     assert rb.transport_label(v, "rsock") == "rsock(verbs)"

@@ -84,7 +84,9 @@ async def open_pair(transport: str) -> tuple[Any, asyncio.Transport, Client]:
         assert tr.get_extra_info("socket").provider == FAST_PROVIDER
     else:
         server = await loop.create_server(Echo, "127.0.0.1", 0)
-        tr, cp = await loop.create_connection(Client, "127.0.0.1", server.sockets[0].getsockname()[1])
+        tr, cp = await loop.create_connection(
+            Client, "127.0.0.1", server.sockets[0].getsockname()[1]
+        )
     return server, tr, cp
 
 

@@ -38,7 +38,8 @@ Tests:
 rsock cases also report the engine's counters (``sock.stats()`` of both sides at the
 end of the session: stalls, arms, notifies, spins, sleeps) per MB or per message, and
 the provider actually used (``sock.provider``).  ``--mode spin|event|adaptive`` sets
-RSOCK_SPIN_US of both workers (1000000, 0, unset = the engine's default of 50 µs).
+RSOCK_SPIN_US and RSOCK_LOOP_POLL_US of both workers (1000000, 0, unset = the
+defaults of 50 µs).
 ``ucxx`` (only when the ``ucxx`` package is importable) is a ping-pong reference on the
 asyncio api over UCX's tag send/recv.
 
@@ -104,7 +105,8 @@ MSGRATE_WARMUP = (20000, 5000)  # max warm-up messages of msgrate: (normal, --qu
 # large sizes (--sweep, --ping-sizes) stay bounded; budget: (normal, --quick) bytes
 PING_BUDGET = (256 << 20, 32 << 20)
 PING_MIN_ROUNDS = 20
-# --mode -> RSOCK_SPIN_US of both workers (None: unset, the engine's default, 50 µs)
+# --mode -> RSOCK_SPIN_US and RSOCK_LOOP_POLL_US of both workers (None: unset, the
+# defaults: a blocking call spins 50 µs, an event loop polls a busy connection 50 µs)
 MODES: dict[str, int | None] = {"adaptive": None, "event": 0, "spin": 1_000_000}
 APIS = ("sync", "asyncio")
 LOOPS = ("asyncio", "uvloop")
@@ -292,9 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         choices=tuple(MODES),
         default=None,
-        help="rsock completion mode of both sides, through RSOCK_SPIN_US: event = 0 (arm and "
-        "sleep at once), adaptive = the engine default (spin 50 µs, then sleep), spin = "
-        "1000000 (spin up to 1 s, then sleep); default adaptive, or RSOCK_SPIN_US as set",
+        help="rsock completion mode of both sides, through RSOCK_SPIN_US (blocking calls) "
+        "and RSOCK_LOOP_POLL_US (event loops): event = 0 (arm and sleep at once), adaptive "
+        "= the defaults (spin or poll 50 µs, then sleep), spin = 1000000 (up to 1 s, then "
+        "sleep); default adaptive, or the two variables as set",
     )
     ap.add_argument(
         "--idle-conns",
@@ -450,11 +453,11 @@ def parse_options(argv: list[str]) -> Options:
             ap.error(f"--plot: directory {parent} does not exist")
     if a.ping_sizes is not None and not a.ping_sizes:
         ap.error("--ping-sizes is empty")
-    env_spin = os.environ.get("RSOCK_SPIN_US")
+    env_spin = os.environ.get("RSOCK_SPIN_US") or os.environ.get("RSOCK_LOOP_POLL_US")
     if a.mode is not None:
         mode, spin_us = a.mode, MODES[a.mode]
     elif env_spin:
-        mode, spin_us = "env", None  # the workers inherit RSOCK_SPIN_US as it is
+        mode, spin_us = "env", None  # the workers inherit both variables as they are
     else:
         mode, spin_us = "adaptive", None
     opts = Options(
@@ -542,7 +545,7 @@ def environment(opts: Options) -> dict[str, Any]:
         "spin_us": opts.spin_us if opts.mode != "env" else os.environ.get("RSOCK_SPIN_US"),
         "rsock_provider_env": os.environ.get("RSOCK_PROVIDER"),
         "rsock_providers_used": None,  # filled in after the run, from the workers
-        "ucxx_version": package_version("ucxx") if "ucxx" in opts.transports else None,
+        "ucxx_version": ucxx_version() if "ucxx" in opts.transports else None,
     }
 
 
@@ -575,24 +578,37 @@ def transport_label(opts: Options, transport: str) -> str:
     return transport
 
 
+def ucxx_version() -> str | None:
+    """The installed UCXX: its wheels are named for their CUDA (ucxx-cu12)."""
+    for dist in ("ucxx", "ucxx-cu12", "ucxx-cu13", "ucxx-cu11"):
+        v = package_version(dist)
+        if v is not None:
+            return f"{v} ({dist})"
+    return None
+
+
 def mode_text(opts: Options) -> str:
     if opts.mode == "env":
-        return f"mode=RSOCK_SPIN_US={os.environ.get('RSOCK_SPIN_US')} (from the environment)"
-    spin = "engine default, 50" if opts.spin_us is None else str(opts.spin_us)
-    return f"mode={opts.mode} (RSOCK_SPIN_US {spin} {micro()})"
+        return (
+            f"mode=RSOCK_SPIN_US={os.environ.get('RSOCK_SPIN_US')} "
+            f"RSOCK_LOOP_POLL_US={os.environ.get('RSOCK_LOOP_POLL_US')} (from the environment)"
+        )
+    spin = "default, 50" if opts.spin_us is None else str(opts.spin_us)
+    return f"mode={opts.mode} (RSOCK_SPIN_US and RSOCK_LOOP_POLL_US {spin} {micro()})"
 
 
 def worker_env(opts: Options, transport: str = "") -> dict[str, str]:
-    """The workers' environment: RSOCK_SPIN_US as --mode says (both sides),
-    RSOCK_PROVIDER as an rsock:P transport says."""
+    """The workers' environment: RSOCK_SPIN_US and RSOCK_LOOP_POLL_US as
+    --mode says (both sides), RSOCK_PROVIDER as an rsock:P transport says."""
     env = dict(os.environ)
     if transport.startswith("rsock:"):
         env["RSOCK_PROVIDER"] = transport[6:]
     if opts.mode == "env":
         return env
-    env.pop("RSOCK_SPIN_US", None)
-    if opts.spin_us is not None:
-        env["RSOCK_SPIN_US"] = str(opts.spin_us)
+    for var in ("RSOCK_SPIN_US", "RSOCK_LOOP_POLL_US"):
+        env.pop(var, None)
+        if opts.spin_us is not None:
+            env[var] = str(opts.spin_us)
     return env
 
 

@@ -221,6 +221,7 @@ def transport_info(transport: str, conn: Any) -> dict[str, Any]:
         info["provider"] = getattr(conn, "provider", None)
         info["provider_env"] = os.environ.get("RSOCK_PROVIDER")
         info["spin_us_env"] = os.environ.get("RSOCK_SPIN_US")
+        info["loop_poll_us_env"] = os.environ.get("RSOCK_LOOP_POLL_US")
         for key, name in (("stats", "stats"), ("rsock_opts", "rsock_opts")):
             method = getattr(conn, name, None)
             if callable(method):
