@@ -784,16 +784,33 @@ class _FdRoute:
     (the engine keeps it readable while the connection is ready for the
     readers' and writers' events) and the liveness fd, as rsock.asyncio's
     transport does, and runs the reader and the writer the connection is
-    ready for, level-triggered as the loops run them."""
+    ready for, level-triggered as the loops run them.  A route with events
+    is polled by the loop's poller while busy, as a transport is
+    (``RSOCK_LOOP_POLL_US``)."""
 
-    __slots__ = ("loop", "fd", "sock", "watch", "reader", "writer", "ending")
+    __slots__ = (
+        "loop",
+        "fd",
+        "sock",
+        "_watch",
+        "reader",
+        "writer",
+        "ending",
+        "_poller",
+        "_polled",
+        "_poll_seen",
+        "_poll_last",
+    )
 
     def __init__(self, loop: Any, fd: int, sock: _rs.socket) -> None:
         self.loop = loop
         self.fd = fd
         self.sock = sock
-        self.watch = sock.watch()
-        self.watch.start()  # OSError: not a connection
+        self._poller = _rsock_asyncio()._poller_for(loop)  # (ValueError: a bad budget)
+        self._polled = self._poll_seen = False
+        self._poll_last = 0
+        self._watch = sock.watch()
+        self._watch.start()  # OSError: not a connection
         sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed
         self.reader: Any = None
         self.writer: Any = None
@@ -814,13 +831,20 @@ class _FdRoute:
             self.reader = handle
         interest = (POLLIN if self.reader else 0) | (POLLOUT if self.writer else 0)
         if interest:
-            self.watch.arm(self.loop, self._ready, interest)
+            self._watch.arm(self.loop, self._on_ready, interest)
+            self._active()  # someone waits on it: an answer may come soon
         else:
-            self.watch.disarm(self.loop)
+            self._watch.disarm(self.loop)
             if not self.ending:
                 self.ending = True
                 self.loop.call_soon(self._end)
         return old is not None
+
+    def _active(self) -> None:
+        if self._polled:
+            self._poll_seen = True
+        elif self._poller is not None and self._watch.is_open():
+            self._poller.touch(self)
 
     def _end(self) -> None:
         self.ending = False
@@ -828,12 +852,16 @@ class _FdRoute:
             return  # taken up again
         if _fd_routes.get((id(self.loop), self.fd)) is self:
             del _fd_routes[(id(self.loop), self.fd)]
-        if self.watch.is_open():
-            self.watch.disarm(self.loop, POLLIN)  # (as sock_sendall leaves it)
+        if self._poller is not None:
+            self._poller.leave(self)
+        if self._watch.is_open():
+            self._watch.set_polled(self.loop, self._on_ready, False)
+            self._watch.disarm(self.loop, POLLIN)  # (as sock_sendall leaves it)
             self.sock._loop_watches_fd(False)  # fileno() exact again
 
-    def _ready(self) -> None:
-        rev = _ll.poll(self.watch.handle) if self.watch.is_open() else POLLIN | POLLOUT
+    def _on_ready(self) -> None:
+        self._active()
+        rev = _ll.poll(self._watch.handle) if self._watch.is_open() else POLLIN | POLLOUT
         r, w = self.reader, self.writer
         if r is not None and rev & _READABLE and not r.cancelled():
             r._run()
@@ -883,7 +911,7 @@ def _live_route(key: tuple[int, int]) -> _FdRoute | None:
     stale one, whose socket was closed, and maybe the number came back, is
     dropped: the loop's own way then says what a closed fd gets)."""
     route = _fd_routes.get(key)
-    if route is None or (route.sock is _rs._live.get(key[1]) and route.watch.is_open()):
+    if route is None or (route.sock is _rs._live.get(key[1]) and route._watch.is_open()):
         return route
     route.set(False, None)
     route.set(True, None)

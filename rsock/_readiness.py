@@ -49,6 +49,7 @@ class Watch:
         "_reading",
         "_live",
         "_polled",
+        "_want",
     )
 
     def __init__(
@@ -74,6 +75,7 @@ class Watch:
         self._reading = False  # a reader on notify_fd
         self._live = False  # a reader on live_fd
         self._polled = False  # polling mode: no reader on notify_fd
+        self._want = False  # armed with an interest (a reader on notify_fd unless polled)
 
     def start(self) -> _ll.Handle:
         """Turns the notify fd's exact readiness on and reads the two fds;
@@ -122,6 +124,7 @@ class Watch:
         if interest != self._interest:
             self._interest = interest
             _ll.set_interest(self.handle, interest)
+        self._want = interest > 0
         if self._polled:
             pass  # the loop's poller looks at the ring (set_polled)
         elif interest and not self._reading:
@@ -147,7 +150,7 @@ class Watch:
             loop.remove_reader(self.notify_fd)
             self._reading = False
         _ll.set_polled(self.handle, on)
-        if not on and self._interest > 0:
+        if not on and self._want:
             loop.add_reader(self.notify_fd, on_ready)
             self._reading = True
 
@@ -170,6 +173,7 @@ class Watch:
     def disarm(self, loop: Any, interest: int | None = None) -> None:
         """Removes the loop's readers; then, if the socket is still open and
         ``interest`` is given, leaves the engine's interest at that."""
+        self._want = False
         if self._reading:
             loop.remove_reader(self.notify_fd)
             self._reading = False

@@ -29,10 +29,10 @@ import time
 import warnings
 from asyncio import constants, sslproto, transports
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from rsock import _lowlevel as _ll
-from rsock._readiness import POLLIN, POLLOUT
+from rsock._readiness import POLLIN, POLLOUT, Watch
 from rsock._socket import RSOCK_SPIN_US, SOL_RSOCK, socket
 
 _fast_send = _ll.fast_send
@@ -85,6 +85,18 @@ def _loop_poll_us() -> int:
     return us
 
 
+class _Pollable(Protocol):
+    """What the poller polls: a transport, or a patched loop's route of a
+    ``fileno()`` reader (``rsock._patch._FdRoute``)."""
+
+    _watch: Watch
+    _polled: bool  # hot: in the poller, the engine's polling mode on
+    _poll_seen: bool  # active since the poller's last sweep
+    _poll_last: int  # when last seen active (monotonic ns)
+
+    def _on_ready(self) -> None: ...
+
+
 class _LoopPoller:
     """Polling on one loop (``RSOCK_LOOP_POLL_US``): a transport that was
     active (data came, or it wrote) stays *hot* for that long after its
@@ -108,8 +120,8 @@ class _LoopPoller:
         self._budget_ns = budget_us * 1000
         self._slice_us = min(budget_us, _POLL_SLICE_US)
         self._sweep_ns = max(self._budget_ns // 4, 10_000)
-        self._hot: list[RsockTransport] = []
-        self._snap: tuple[RsockTransport, ...] = ()
+        self._hot: list[_Pollable] = []
+        self._snap: tuple[_Pollable, ...] = ()
         self._set: _ll.SpinSet | None = None
         self._running = False
         self._swept = 0
@@ -119,7 +131,7 @@ class _LoopPoller:
             ready if isinstance(ready, collections.deque) else None
         )
 
-    def touch(self, tr: RsockTransport) -> None:
+    def touch(self, tr: _Pollable) -> None:
         """``tr`` was active and is not hot: it is now."""
         tr._polled = tr._poll_seen = True
         tr._poll_last = time.monotonic_ns()
@@ -130,13 +142,13 @@ class _LoopPoller:
             self._running = True
             self._loop.call_soon(self._run)
 
-    def _cool(self, tr: RsockTransport) -> None:
+    def _cool(self, tr: _Pollable) -> None:
         tr._polled = False
         self._hot.remove(tr)
         self._set = None
         tr._watch.set_polled(self._loop, tr._on_ready, False)
 
-    def leave(self, tr: RsockTransport) -> None:
+    def leave(self, tr: _Pollable) -> None:
         """``tr`` is closing (its watch is disarmed next)."""
         if tr._polled:
             tr._polled = False
