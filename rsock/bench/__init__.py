@@ -546,6 +546,9 @@ def environment(opts: Options) -> dict[str, Any]:
         "rsock_provider_env": os.environ.get("RSOCK_PROVIDER"),
         "rsock_providers_used": None,  # filled in after the run, from the workers
         "ucxx_version": ucxx_version() if "ucxx" in opts.transports else None,
+        # UCXX's progress mode (UCXPY_PROGRESS_MODE: thread, its default; polling;
+        # blocking; thread-polling), which the workers inherit
+        "ucxx_progress_mode": os.environ.get("UCXPY_PROGRESS_MODE") or "thread (default)",
     }
 
 
@@ -1315,7 +1318,10 @@ def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
         if versions:
             parts.append(f"rsock {','.join(sorted(map(str, versions)))}")
     if "ucxx" in opts.transports:
-        parts.append(f"ucxx {env.get('ucxx_version') or '?'}")
+        parts.append(
+            f"ucxx {env.get('ucxx_version') or '?'} "
+            f"(UCXPY_PROGRESS_MODE={env.get('ucxx_progress_mode')})"
+        )
     rsock_env = env["rsock_env"]
     parts.append(" ".join(f"{k}={v}" for k, v in rsock_env.items()) or "no RSOCK_* env")
     return " | ".join(parts)
