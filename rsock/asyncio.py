@@ -137,23 +137,29 @@ class _LoopPoller:
         tr._poll_last = time.monotonic_ns()
         self._hot.append(tr)
         self._set = None
+        self._snap = ()
         tr._watch.set_polled(self._loop, tr._on_ready, True)
         if not self._running:
             self._running = True
             self._loop.call_soon(self._run)
 
-    def _cool(self, tr: _Pollable) -> None:
+    def _drop(self, tr: _Pollable) -> None:
         tr._polled = False
         self._hot.remove(tr)
+        # the set and its snapshot hold the members: rebuilt at the next
+        # look, and nothing is kept alive in between (a closed transport
+        # is garbage at once, as asyncio's leak tests check)
         self._set = None
+        self._snap = ()
+
+    def _cool(self, tr: _Pollable) -> None:
+        self._drop(tr)
         tr._watch.set_polled(self._loop, tr._on_ready, False)
 
     def leave(self, tr: _Pollable) -> None:
         """``tr`` is closing (its watch is disarmed next)."""
         if tr._polled:
-            tr._polled = False
-            self._hot.remove(tr)
-            self._set = None
+            self._drop(tr)
 
     def _sweep(self, now: int) -> None:
         self._swept = now

@@ -274,3 +274,48 @@ def test_bad_budget_is_a_clear_error(value: str, run: Any, monkeypatch: Any) -> 
             monkeypatch.delenv("RSOCK_LOOP_POLL_US")
 
     run(main())
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+def test_closed_transport_is_garbage_at_once(transport: str, run: Any) -> None:
+    """A transport closed while hot is not kept alive by the poller (asyncio's
+    own leak tests check this through weak references)."""
+    import gc
+    import weakref
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        served: list[Echo] = []
+        gone = loop.create_future()
+
+        class Served(Echo):
+            def connection_made(self, transport: Any) -> None:
+                super().connection_made(transport)
+                served.append(self)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                gone.set_result(None)
+
+        if transport == "rsock":
+            server = await ra.create_server(Served, "127.0.0.1", 0)
+            connect: Any = ra.create_connection
+        else:
+            server = await loop.create_server(Served, "127.0.0.1", 0)
+            connect = loop.create_connection
+        async with server:
+            tr, cp = await connect(Client, "127.0.0.1", server.sockets[0].getsockname()[1])
+            for _ in range(20):
+                tr.write(b"y" * 64)
+                assert await cp.wait(64) == b"y" * 64
+            # both ends, each with its transport (a protocol holds its transport)
+            refs = [weakref.ref(tr), weakref.ref(cp), weakref.ref(served[0])]
+            tr.close()
+            await cp.lost
+            await gone  # the server's end saw the EOF and closed
+            del tr, cp, served[:]
+            for _ in range(3):
+                await asyncio.sleep(0)
+            gc.collect()
+            assert [r() for r in refs] == [None, None, None]
+
+    run(main())
