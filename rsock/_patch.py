@@ -806,7 +806,7 @@ class _FdRoute:
         self.loop = loop
         self.fd = fd
         self.sock = sock
-        self._poller = _rsock_asyncio()._poller_for(loop)  # (ValueError: a bad budget)
+        self._poller = _rsock_asyncio()._poller_for(loop, sock)  # (ValueError: a bad budget)
         self._polled = self._poll_seen = False
         self._poll_last = 0
         self._watch = sock.watch()

@@ -202,12 +202,13 @@ class _LoopPoller:
                 self._running = False
 
 
-def _poller_for(loop: asyncio.AbstractEventLoop) -> _LoopPoller | None:
-    """The loop's poller (made at its first rsock transport), or None when
-    polling is off (``RSOCK_LOOP_POLL_US=0``) or the loop takes no
-    attributes."""
+def _poller_for(loop: asyncio.AbstractEventLoop, sock: socket) -> _LoopPoller | None:
+    """The loop's poller (made at its first rsock transport) for ``sock``, or
+    None when polling is off (``RSOCK_LOOP_POLL_US=0``), the loop takes no
+    attributes, or ``sock`` is not on shm (over verbs the loop sleeps on
+    the completion channel, as before: polling is not tested there yet)."""
     us = _loop_poll_us()
-    if not us:
+    if not us or sock.provider != "shm":
         return None
     p: _LoopPoller | None = getattr(loop, "_rsock_poller", None)
     if p is None:
@@ -238,7 +239,7 @@ class RsockTransport(transports._FlowControlMixin):
     ) -> None:
         super().__init__(None, loop)
         try:
-            self._poller = _poller_for(loop)
+            self._poller = _poller_for(loop, sock)
         except ValueError:  # a bad RSOCK_LOOP_POLL_US
             sock.close()
             raise
