@@ -1431,8 +1431,8 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
             "warm-up included; connrate: the last connection; idle: change during the window."
         )
         out.append(
-            f"{mode_text(opts)}: the spin time of blocking waits (sync api; asyncio waits "
-            "in the event loop)."
+            f"{mode_text(opts)}: how long a blocking wait spins (sync api) and an event "
+            "loop polls a busy connection (asyncio api) before sleeping."
         )
     out.append(
         "cpu = user+sys of that process (median over reps) per 10^9 bytes, message, RT or "
