@@ -12,9 +12,11 @@ without blocking.
 from __future__ import annotations
 
 import functools
+import os
 import select
 import selectors
 import socket
+import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -503,3 +505,51 @@ def test_many_watched_sockets_read_and_write(sockmod: ModuleType, transport: str
     while fd_count() > fds0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert fd_count() <= fds0
+
+
+def _watcher_switches() -> int:
+    """Context switches so far of rsock's watcher thread (0 if there is none)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != "rsock-watch":
+                    continue
+            with open(f"/proc/self/task/{tid}/status") as f:
+                fields = dict(line.split(":\t", 1) for line in f if ":\t" in line)
+        except FileNotFoundError:
+            continue
+        return int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
+    return 0
+
+
+def test_blocking_recv_leaves_the_watcher_asleep(pair: Pair, transport: str) -> None:
+    """A thread blocked in recv on a connection whose fileno() someone polls
+    (httpx's and urllib3's checks of an idle connection do) is woken by the
+    data itself: rsock's watcher thread, which keeps fileno() exact between
+    calls, is not woken too (it was, once per message).  fileno() is exact
+    again after the calls, as over TCP."""
+    client, server = pair
+    n = 60
+    assert select.select([client], [], [], 0)[0] == []  # polled: kept exact from now on
+
+    def echo() -> None:
+        for _ in range(n):
+            data = recv_exact(server, 8)
+            time.sleep(0.002)  # longer than a blocking call's spin: the client sleeps
+            server.sendall(data)
+
+    t = threading.Thread(target=echo, daemon=True)
+    before = _watcher_switches()
+    t.start()
+    for i in range(n):
+        client.sendall(b"%08d" % i)
+        assert recv_exact(client, 8) == b"%08d" % i
+    t.join(20)
+    woke = _watcher_switches() - before
+    if transport == "rsock":
+        assert woke <= n // 6, woke  # (was about 2 per message)
+    assert select.select([client], [], [], 0)[0] == []
+    server.sendall(b"z")
+    assert select.select([client], [], [], 5)[0] == [client]
+    assert client.recv(1) == b"z"
+    assert select.select([client], [], [], 0)[0] == []

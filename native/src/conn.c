@@ -289,7 +289,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 	int64_t spin_end = 0, sig_look = 0;
 	int sigfd = eng_my_sigfd();
 	struct eng_pollset w;
-	int n, live, rc, kfd;
+	int n, live, rc, kfd, muted;
 
 	for (;;) {
 		eng_progress(s);
@@ -357,6 +357,7 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 		}
 		s->st.sleeps++;
 		eng_pollset(s, sigfd, kfd, &w);
+		muted = s->kind == K_CONN && eng_watch_mute(s, 1);
 		pthread_mutex_unlock(&s->lock);
 		n = eng_poll_wait(&w, eng_ms_left(deadline), &live);
 		rc = n < 0 ? -errno : 0;
@@ -368,6 +369,8 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			if (live && !s->bell)
 				eng_check_live(s);
 		}
+		if (muted && !s->released) /* (after the ack: what came since wakes it) */
+			eng_watch_mute(s, 0);
 		eng_wake(s);
 		if (rc == -EINTR)
 			return rc;

@@ -209,6 +209,8 @@ int eng_watch_add(rsk_sock *s);
 /* A crossed, unclaimed connection polled here: see readiness.c. */
 void eng_watch_unowned(rsk_sock *s);
 void eng_watch_del(rsk_sock *s);
+/* A thread sleeps on s's fds itself (on) or woke (off): see readiness.c. */
+int eng_watch_mute(rsk_sock *s, int on);
 void eng_watch_forget(rsk_sock *s);
 
 /* clock.c: time helpers */

@@ -402,6 +402,21 @@ static int vq_wc_status(const struct ibv_wc *w)
 	return w->status == IBV_WC_WR_FLUSH_ERR ? -ESHUTDOWN : -EIO;
 }
 
+/*
+ * Completions were found on an armed CQ: its event has fired (or will), and
+ * sits in the completion channel until vq_ack takes it.  Not armed any
+ * more, so that the engine acks it when it brings the notify fd up to date
+ * (eng_sync_fd); else the channel stays readable and an event loop that
+ * watches the notify fd is called again and again with nothing to do.  (A
+ * completion that came before the arm fires nothing: the next arm and ack
+ * cost a syscall each for nothing, and an event that comes after its ack
+ * wakes once in vain.)
+ */
+static void vq_fired(struct prov_qp *q)
+{
+	q->armed = 0;
+}
+
 static int vq_poll_cq(struct prov_qp *q, struct prov_wc *wc, int n)
 {
 	int out, bad = 0;
@@ -422,6 +437,7 @@ static int vq_poll_cq(struct prov_qp *q, struct prov_wc *wc, int n)
 			}
 			if (!got)
 				break;
+			vq_fired(q);
 		}
 		w = &q->stash[q->istash++];
 		wc[out] = (struct prov_wc){
@@ -450,6 +466,8 @@ static int vq_cq_pending(struct prov_qp *q)
 	got = ibv_poll_cq(q->rcq, VQ_RECV_BATCH, q->stash);
 	q->istash = 0;
 	q->nstash = got > 0 ? got : 0;
+	if (got > 0)
+		vq_fired(q);
 	return got != 0;
 }
 

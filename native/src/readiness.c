@@ -355,6 +355,36 @@ void eng_watch_del(rsk_sock *s)
 	pthread_mutex_unlock(&eng_w.lock);
 }
 
+/*
+ * A thread is about to sleep on s's fds itself (eng_wait: on) or has woken
+ * (off), s->lock held.  While it sleeps the watcher need not wake for s:
+ * the sleeper takes in what comes, and its call brings fileno() up to date
+ * when it ends.  Two epoll_ctl each way, against a thread wake-up per
+ * message for a blocking call on a socket whose fileno() someone polls
+ * (httpx's and urllib3's checks of an idle connection do).  With no
+ * events asked, epoll still reports a hang-up of the liveness fd: the
+ * watcher then learns of the peer's death as before.  Whether it muted.
+ */
+int eng_watch_mute(rsk_sock *s, int on)
+{
+	uint64_t d;
+
+	if (s->wslot < 0)
+		return 0;
+	pthread_mutex_lock(&eng_w.lock);
+	if (eng_w.epfd >= 0) {
+		d = (uint64_t)eng_w.slot[s->wslot].gen << 32 |
+		    (uint64_t)s->wslot << 1;
+		eng_watch_fd(EPOLL_CTL_MOD, eng_wait_fd(s),
+			     on ? 0 : EPOLLIN | EPOLLET, d);
+		/* (not registered once the peer was gone: ENOENT, fine) */
+		eng_watch_fd(EPOLL_CTL_MOD, s->live_fd,
+			     on ? 0 : EPOLLIN | EPOLLRDHUP | EPOLLET, d | 1);
+	}
+	pthread_mutex_unlock(&eng_w.lock);
+	return 1;
+}
+
 /* rsk_free: wait until the watcher is done with s. */
 void eng_watch_forget(rsk_sock *s)
 {
