@@ -76,17 +76,25 @@ class Client(asyncio.Protocol):
         return out
 
 
-async def open_pair(transport: str) -> tuple[Any, asyncio.Transport, Client]:
-    loop = asyncio.get_running_loop()
+def entry_points(transport: str) -> tuple[Any, Any]:
+    """(create_server, create_connection) of rsock.asyncio or of the running loop."""
     if transport == "rsock":
-        server = await ra.create_server(Echo, "127.0.0.1", 0)
-        tr, cp = await ra.create_connection(Client, "127.0.0.1", server.sockets[0].getsockname()[1])
+        return ra.create_server, ra.create_connection
+    loop = asyncio.get_running_loop()
+    return loop.create_server, loop.create_connection
+
+
+async def start_server(transport: str, factory: Any = Echo) -> tuple[Any, int]:
+    """A listening server on 127.0.0.1 and its port."""
+    server = await entry_points(transport)[0](factory, "127.0.0.1", 0)
+    return server, int(server.sockets[0].getsockname()[1])
+
+
+async def open_pair(transport: str) -> tuple[Any, asyncio.Transport, Client]:
+    server, port = await start_server(transport)
+    tr, cp = await entry_points(transport)[1](Client, "127.0.0.1", port)
+    if transport == "rsock":
         assert tr.get_extra_info("socket").provider == FAST_PROVIDER
-    else:
-        server = await loop.create_server(Echo, "127.0.0.1", 0)
-        tr, cp = await loop.create_connection(
-            Client, "127.0.0.1", server.sockets[0].getsockname()[1]
-        )
     return server, tr, cp
 
 
@@ -134,12 +142,7 @@ def test_idle_loop_sleeps_and_still_wakes(transport: str, run: Any) -> None:
     got: list[bytes] = []
 
     async def main() -> float:
-        loop = asyncio.get_running_loop()
-        if transport == "rsock":
-            server = await ra.create_server(Echo, "127.0.0.1", 0)
-        else:
-            server = await loop.create_server(Echo, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server, port = await start_server(transport)
         go = threading.Event()
 
         def client() -> None:
@@ -216,11 +219,7 @@ def test_timers_and_callbacks_run_while_polling(transport: str, run: Any) -> Non
 
     async def main() -> tuple[float, float]:
         loop = asyncio.get_running_loop()
-        if transport == "rsock":
-            server = await ra.create_server(Echo, "127.0.0.1", 0)
-        else:
-            server = await loop.create_server(Echo, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        server, port = await start_server(transport)
 
         def client() -> None:
             with mod.create_connection(("127.0.0.1", port), timeout=HANG) as c:
@@ -298,14 +297,9 @@ def test_closed_transport_is_garbage_at_once(transport: str, run: Any) -> None:
             def connection_lost(self, exc: Exception | None) -> None:
                 gone.set_result(None)
 
-        if transport == "rsock":
-            server = await ra.create_server(Served, "127.0.0.1", 0)
-            connect: Any = ra.create_connection
-        else:
-            server = await loop.create_server(Served, "127.0.0.1", 0)
-            connect = loop.create_connection
+        server, port = await start_server(transport, Served)
         async with server:
-            tr, cp = await connect(Client, "127.0.0.1", server.sockets[0].getsockname()[1])
+            tr, cp = await entry_points(transport)[1](Client, "127.0.0.1", port)
             for _ in range(20):
                 tr.write(b"y" * 64)
                 assert await cp.wait(64) == b"y" * 64
