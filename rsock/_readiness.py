@@ -16,6 +16,8 @@ Nothing here imports ``rsock._socket`` (the socket builds its watches).
 from __future__ import annotations
 
 import errno as _errno
+import os
+import select
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +25,124 @@ from rsock import _lowlevel as _ll
 
 POLLIN = _ll.POLLIN
 POLLOUT = _ll.POLLOUT
+
+
+class _Hub:
+    """The rsock fds one event loop watches, behind one epoll fd of our own
+    that the loop watches (made at the first, kept on the loop object).
+
+    Registering an fd here is one ``epoll_ctl``; ``loop.add_reader`` of a
+    new fd costs uvloop five system calls (libuv probes the fd with an add
+    and a delete, sets it non-blocking, and adds it again at the next
+    round) and three to remove, and a selector loop a selector update and
+    a handle: per connection and side, twice (notify and liveness fds).
+    When the hub's fd turns readable, one ``epoll_wait`` finds which of
+    ours are, and their callbacks run there (a callback that raises goes
+    to the loop's exception handler, as from its own reader).  Level
+    triggered, as the loops' readers.  Every fd is removed before its
+    socket closes it (``Watch.disarm``), so the hub never reports an fd
+    number that means another file now."""
+
+    __slots__ = ("_loop", "_ep", "_cbs", "_pid", "__weakref__")
+
+    def __init__(self, loop: Any) -> None:
+        self._loop = loop
+        self._ep = select.epoll()
+        # fd -> (callback, its arguments, the watch that added it)
+        self._cbs: dict[int, tuple[Callable[..., None], tuple[Any, ...], object]] = {}
+        self._pid = _pid
+        loop.add_reader(self._ep.fileno(), self._dispatch)
+
+    def add(self, fd: int, owner: object, cb: Callable[..., None], *args: Any) -> None:
+        try:
+            self._ep.register(fd, select.EPOLLIN)
+        except FileExistsError:  # (re-added by its watch, or stale: below)
+            pass
+        self._cbs[fd] = (cb, args, owner)
+
+    def remove(self, fd: int, owner: object) -> None:
+        """Removes ``fd`` if ``owner`` (the watch that added it) still has
+        it: a socket closed under its watch gave its fd number to another
+        connection, whose it is now."""
+        entry = self._cbs.get(fd)
+        if entry is None or entry[2] is not owner:
+            return
+        del self._cbs[fd]
+        try:
+            self._ep.unregister(fd)
+        except OSError:  # closed already (then it left the set)
+            pass
+
+    def _dispatch(self) -> None:
+        cbs = self._cbs
+        for fd, _ev in self._ep.poll(0, 256):
+            entry = cbs.get(fd)
+            if entry is None:
+                continue
+            try:
+                entry[0](*entry[1])
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self._loop.call_exception_handler(
+                    {"message": f"Exception in callback {entry[0]!r}", "exception": exc}
+                )
+
+    def close(self) -> None:
+        if not self._ep.closed:
+            try:
+                self._loop.remove_reader(self._ep.fileno())
+            except Exception:  # the loop is closed
+                pass
+            self._ep.close()
+        self._cbs.clear()
+
+
+_pid = os.getpid()  # this process's (a hub of another is not ours)
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _hub(loop: Any) -> Any:
+    """The loop's hub (made now if it has none, or if it is the hub of
+    the process this one forked from: an epoll instance is shared across
+    fork), or the loop itself where it takes no attribute (its own
+    readers then: ``add_reader``/``remove_reader``)."""
+    h: _Hub | None = getattr(loop, "_rsock_hub", None)
+    if h is not None and h._pid == _pid:
+        return h
+    try:
+        h = _Hub(loop)
+    except OSError:
+        return _LoopReaders(loop)
+    try:
+        loop._rsock_hub = h
+    except AttributeError:
+        h.close()
+        return _LoopReaders(loop)
+    return h
+
+
+class _LoopReaders:
+    """The hub's two methods as the loop's own readers."""
+
+    __slots__ = ("_add", "_remove")
+
+    def __init__(self, loop: Any) -> None:
+        self._add = loop.add_reader
+        self._remove = loop.remove_reader
+
+    def add(self, fd: int, owner: object, cb: Callable[..., None], *args: Any) -> None:
+        self._add(fd, cb, *args)
+
+    def remove(self, fd: int, owner: object) -> None:
+        self._remove(fd)
 
 
 class Watch:
@@ -77,14 +197,18 @@ class Watch:
         self._polled = False  # polling mode: no reader on notify_fd
         self._want = False  # armed with an interest (a reader on notify_fd unless polled)
 
-    def start(self) -> _ll.Handle:
+    def start(self, polled: bool = False) -> _ll.Handle:
         """Turns the notify fd's exact readiness on and reads the two fds;
-        the handle.  ``OSError``: EBADF once closed, ENOTCONN if not a
-        connection."""
+        the handle.  ``polled``: in polling mode from the start (as
+        ``set_polled`` would put it, without first making the notify fd
+        readable for data that is already there).  ``OSError``: EBADF once
+        closed, ENOTCONN if not a connection."""
         h = self._owned
         if h is None:
             raise _ll.oserror(-_errno.EBADF)
         self.handle = h
+        if polled and _ll.set_polled(h, True) == 0:
+            self._polled = True
         self._watch_on(_ll.WATCH_NOTIFY)
         self.addr = h.addr
         self.notify_fd, self.live_fd = _ll.notify_fds(h)
@@ -128,13 +252,13 @@ class Watch:
         if self._polled:
             pass  # the loop's poller looks at the ring (set_polled)
         elif interest and not self._reading:
-            loop.add_reader(self.notify_fd, on_ready)
+            _hub(loop).add(self.notify_fd, self, on_ready)
             self._reading = True
         elif not interest and self._reading:
-            loop.remove_reader(self.notify_fd)
+            _hub(loop).remove(self.notify_fd, self)
             self._reading = False
         if not self._live and self.live_fd >= 0:
-            loop.add_reader(self.live_fd, self._on_live, loop, on_ready)
+            _hub(loop).add(self.live_fd, self, self._on_live, loop, on_ready)
             self._live = True
 
     def set_polled(self, loop: Any, on_ready: Callable[[], None], on: bool) -> None:
@@ -147,11 +271,11 @@ class Watch:
             return
         self._polled = on
         if on and self._reading:
-            loop.remove_reader(self.notify_fd)
+            _hub(loop).remove(self.notify_fd, self)
             self._reading = False
         _ll.set_polled(self.handle, on)
         if not on and self._want:
-            loop.add_reader(self.notify_fd, on_ready)
+            _hub(loop).add(self.notify_fd, self, on_ready)
             self._reading = True
 
     def _on_live(self, loop: Any, on_ready: Callable[[], None]) -> None:
@@ -165,7 +289,7 @@ class Watch:
         # overtake the last completions); the engine makes the fd readable
         # again when that grace ends, so it stays watched
         if not self._is_open() or _ll.check_peer(self.handle):
-            loop.remove_reader(self.live_fd)
+            _hub(loop).remove(self.live_fd, self)
             self._live = False
             self.live_fd = -1  # level-triggered hang-up: watch it no more
             on_ready()
@@ -175,10 +299,10 @@ class Watch:
         ``interest`` is given, leaves the engine's interest at that."""
         self._want = False
         if self._reading:
-            loop.remove_reader(self.notify_fd)
+            _hub(loop).remove(self.notify_fd, self)
             self._reading = False
         if self._live:
-            loop.remove_reader(self.live_fd)
+            _hub(loop).remove(self.live_fd, self)
             self._live = False
         if interest is not None and self._is_open():
             self._interest = interest

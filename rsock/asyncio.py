@@ -253,7 +253,9 @@ class RsockTransport(transports._FlowControlMixin):
         # the engine keeps its notify fd readable exactly while we are
         # ready: the loop watches it and the liveness fd (no thread)
         self._watch = sock.watch()
-        self._handle = self._watch.start()
+        # a new connection starts hot: its first bytes are usually there
+        # already, or follow at once (no notify fd to kick and drain)
+        self._handle = self._watch.start(polled=self._poller is not None)
         try:
             self._info["peername"] = sock.getpeername()
         except OSError:
@@ -300,6 +302,9 @@ class RsockTransport(transports._FlowControlMixin):
             return
         if waiter is not None and not waiter.cancelled():
             waiter.set_result(None)
+        poller = self._poller
+        if poller is not None and not self._polled and not self._conn_lost:
+            poller.touch(self)  # started in polling mode (Watch.start): hot now
         self._update_interest()
 
     def _update_interest(self) -> None:
