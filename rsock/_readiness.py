@@ -88,15 +88,6 @@ class _Hub:
                     {"message": f"Exception in callback {entry[0]!r}", "exception": exc}
                 )
 
-    def close(self) -> None:
-        if not self._ep.closed:
-            try:
-                self._loop.remove_reader(self._ep.fileno())
-            except Exception:  # the loop is closed
-                pass
-            self._ep.close()
-        self._cbs.clear()
-
 
 _pid = os.getpid()  # this process's (a hub of another is not ours)
 
@@ -124,7 +115,8 @@ def _hub(loop: Any) -> Any:
     try:
         loop._rsock_hub = h
     except AttributeError:
-        h.close()
+        loop.remove_reader(h._ep.fileno())
+        h._ep.close()
         return _LoopReaders(loop)
     return h
 
