@@ -979,17 +979,17 @@ async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address:
     that, then reads the outcome from SO_ERROR.  The socket is left
     non-blocking."""
     sock.setblocking(False)
-    try:
-        sock.connect(address)
-        return
-    except (BlockingIOError, InterruptedError):
-        pass
-    # Usually done already (EINPROGRESS is what a non-blocking connect
-    # reports, as TCP's): a second connect says so (0) or gives the error,
-    # and nothing needs the fd (no fileno() pair made, no loop round).
+    # (connect_ex: no exception made for the usual EINPROGRESS)
     err = sock.connect_ex(address)
+    if err == errno.EINPROGRESS:
+        # Usually done already (EINPROGRESS is what a non-blocking connect
+        # reports, as TCP's): a second connect says so (0) or gives the
+        # error, and nothing needs the fd (no fileno() pair, no loop round).
+        err = sock.connect_ex(address)
     if err == 0:
         return
+    if err == errno.EINTR:  # (as the loops: interrupted means under way)
+        err = errno.EINPROGRESS
     if err not in (errno.EALREADY, errno.EINPROGRESS):
         raise OSError(err, f"Connect call failed {address}")
     fd = sock.fileno()

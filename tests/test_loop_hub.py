@@ -154,3 +154,28 @@ def test_hub_of_a_forked_process_is_not_reused() -> None:
             os.waitpid(pid, 0)
 
     asyncio.run(asyncio.wait_for(main(), HANG))
+
+
+def test_without_a_hub_the_loop_readers_serve(run: Any, monkeypatch: Any) -> None:
+    """When no hub can be made (``epoll_create`` fails: out of fds), the
+    transports fall back to the loop's own readers and still work: echoed
+    round trips, and the peer's close is seen."""
+
+    def no_epoll() -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(_readiness.select, "epoll", no_epoll)
+
+    async def main() -> None:
+        assert not hasattr(asyncio.get_running_loop(), "_rsock_hub")
+        server, port = await start_server("rsock")
+        async with server:
+            tr, cp = await ra.create_connection(Client, "127.0.0.1", port)
+            for i in range(100):
+                tr.write(b"%05d" % i)
+                assert await cp.wait(5) == b"%05d" % i
+            assert not hasattr(asyncio.get_running_loop(), "_rsock_hub")
+            tr.close()
+            await cp.lost
+
+    run(main())
