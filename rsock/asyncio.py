@@ -303,8 +303,13 @@ class RsockTransport(transports._FlowControlMixin):
         if waiter is not None and not waiter.cancelled():
             waiter.set_result(None)
         poller = self._poller
-        if poller is not None and not self._polled and not self._conn_lost:
-            poller.touch(self)  # started in polling mode (Watch.start): hot now
+        if poller is not None and not self._polled:
+            # started in polling mode (Watch.start): hot now, or, closing
+            # already, back to the loop's readers for what is left
+            if self._closing or self._conn_lost:
+                self._watch.set_polled(self._loop, self._on_ready, False)
+            else:
+                poller.touch(self)
         self._update_interest()
 
     def _update_interest(self) -> None:

@@ -315,3 +315,30 @@ def test_closed_transport_is_garbage_at_once(transport: str, run: Any) -> None:
             assert [r() for r in refs] == [None, None, None]
 
     run(main())
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+@pytest.mark.parametrize("size", [5, 8 << 20])
+def test_write_and_close_in_connection_made(transport: str, size: int, run: Any) -> None:
+    """A server whose protocol writes and closes in ``connection_made`` (before
+    the new transport ever polled): the client gets every byte, then EOF; 8 MiB
+    does not fit the ring, so the rest waits in the transport's buffer and
+    is flushed as the client reads."""
+    blob = bytes(range(256)) * (size // 256) if size > 256 else b"hello"[:size]
+
+    class Greeter(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            transport.write(blob)
+            transport.close()
+
+    async def main() -> bytes:
+        server, port = await start_server(transport, Greeter)
+        async with server:
+            tr, cp = await entry_points(transport)[1](Client, "127.0.0.1", port)
+            await cp.lost
+            got = bytes(cp.buf)
+            tr.close()
+        return got
+
+    got = run(main())
+    assert len(got) == len(blob) and got == blob
