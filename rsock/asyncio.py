@@ -311,6 +311,10 @@ class RsockTransport(transports._FlowControlMixin):
             else:
                 poller.touch(self)
         self._update_interest()
+        if self._server is not None and self._reading and not (self._eof or self._closing):
+            # a client's first bytes usually came with its connect (before
+            # the accept): read them now, not a loop round later
+            self._read_ready()
 
     def _update_interest(self) -> None:
         """Tell the engine what should wake us (the watch (un)registers the

@@ -342,3 +342,41 @@ def test_write_and_close_in_connection_made(transport: str, size: int, run: Any)
 
     got = run(main())
     assert len(got) == len(blob) and got == blob
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+def test_first_bytes_reach_a_paused_server_only_on_resume(transport: str) -> None:
+    """A server protocol that pauses reading in ``connection_made`` gets the
+    client's first bytes (sent with the connect) only once it resumes, then
+    all of them, in order.  On asyncio's loop (the oracle): uvloop's own TCP
+    transport starts reading after ``connection_made`` whatever it asked."""
+    events: list[str] = []
+
+    class Paused(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            transport.pause_reading()
+            asyncio.get_running_loop().call_later(0.05, self.resume)
+
+        def resume(self) -> None:
+            events.append("resume")
+            self.transport.resume_reading()
+
+        def data_received(self, data: bytes) -> None:
+            events.append(data.decode())
+            if "".join(e for e in events if e != "resume").endswith("end"):
+                self.transport.write(b"ok")
+                self.transport.close()
+
+    async def main() -> bytes:
+        server, port = await start_server(transport, Paused)
+        async with server:
+            tr, cp = await entry_points(transport)[1](Client, "127.0.0.1", port)
+            tr.write(b"first-end")
+            await cp.lost
+            got = bytes(cp.buf)
+            tr.close()
+        return got
+
+    assert asyncio.run(asyncio.wait_for(main(), HANG)) == b"ok"
+    assert events[0] == "resume" and "".join(events[1:]) == "first-end", events
