@@ -436,11 +436,13 @@ class RsockTransport(transports._FlowControlMixin):
     # ---------------------------------------------------------------- writing
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        t = type(data)
+        if (t is bytes or t is bytearray) and not data and not self._write_eof_pending:
+            return  # (h11's end of a sized body: no engine call, no activity)
         if self._polled:
             self._poll_seen = True  # an answer may come: go on polling
         elif self._poller is not None:
             self._poller.touch(self)
-        t = type(data)
         if (
             (t is bytes or t is memoryview or t is bytearray)
             and not self._buffer

@@ -380,3 +380,30 @@ def test_first_bytes_reach_a_paused_server_only_on_resume(transport: str) -> Non
 
     assert asyncio.run(asyncio.wait_for(main(), HANG)) == b"ok"
     assert events[0] == "resume" and "".join(events[1:]) == "first-end", events
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+def test_empty_writes(transport: str, run: Any) -> None:
+    """``write(b"")`` sends nothing and buffers nothing; between two real
+    writes the peer gets exactly their bytes; after ``write_eof()`` it is
+    the RuntimeError asyncio raises (also once aborted)."""
+
+    async def main() -> None:
+        server, tr, cp = await open_pair(transport)
+        async with server:
+            tr.write(b"")
+            tr.write(bytearray())
+            assert tr.get_write_buffer_size() == 0
+            tr.write(b"ab")
+            tr.write(b"")
+            tr.write(b"cd")
+            assert await cp.wait(4) == b"abcd"
+            tr.write_eof()
+            with pytest.raises(RuntimeError):
+                tr.write(b"")
+            tr.abort()
+            with pytest.raises(RuntimeError):
+                tr.write(b"")
+            await cp.lost
+
+    run(main())
