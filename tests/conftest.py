@@ -12,11 +12,12 @@ Guards that apply to every test:
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -91,3 +92,22 @@ def pair(sockmod: ModuleType, transport: str) -> Iterator[tuple[Any, Any]]:
     finally:
         client.close()
         server.close()
+
+
+T = TypeVar("T")
+LOOP_HANG = 30  # s: the limit of every coroutine the ``run`` fixture runs
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, T]], T]:
+    """Runs a coroutine to completion on a new asyncio or uvloop loop,
+    within ``LOOP_HANG`` seconds (a module's own ``run`` takes precedence)."""
+
+    def runner(coro: Coroutine[Any, Any, T]) -> T:
+        if request.param == "uvloop":
+            import uvloop
+
+            return uvloop.run(asyncio.wait_for(coro, LOOP_HANG))  # type: ignore[no-any-return]
+        return asyncio.run(asyncio.wait_for(coro, LOOP_HANG))
+
+    return runner

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from test_loop_polling import Client, entry_points, start_server
@@ -22,20 +21,7 @@ from test_loop_polling import Client, entry_points, start_server
 import rsock.asyncio as ra
 from rsock import _readiness
 
-T = TypeVar("T")
 HANG = 60
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, T]], T]:
-    def runner(coro: Coroutine[Any, Any, T]) -> T:
-        if request.param == "uvloop":
-            import uvloop
-
-            return uvloop.run(asyncio.wait_for(coro, HANG))  # type: ignore[no-any-return]
-        return asyncio.run(asyncio.wait_for(coro, HANG))
-
-    return runner
 
 
 def loop_fds() -> int | None:

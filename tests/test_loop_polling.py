@@ -14,8 +14,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from support import FAST_PROVIDER
@@ -23,21 +22,7 @@ from support import FAST_PROVIDER
 import rsock
 import rsock.asyncio as ra
 
-T = TypeVar("T")
-LOOPS = ["asyncio", "uvloop"]
 HANG = 30  # every test's own limit (s)
-
-
-@pytest.fixture(params=LOOPS)
-def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, T]], T]:
-    def runner(coro: Coroutine[Any, Any, T]) -> T:
-        if request.param == "uvloop":
-            import uvloop
-
-            return uvloop.run(asyncio.wait_for(coro, HANG))  # type: ignore[no-any-return]
-        return asyncio.run(asyncio.wait_for(coro, HANG))
-
-    return runner
 
 
 class Echo(asyncio.Protocol):
