@@ -43,7 +43,7 @@ class _Hub:
     socket closes it (``Watch.disarm``), so the hub never reports an fd
     number that means another file now."""
 
-    __slots__ = ("_loop", "_ep", "_cbs", "_pid", "__weakref__")
+    __slots__ = ("_loop", "_ep", "_cbs", "_pid")
 
     def __init__(self, loop: Any) -> None:
         self._loop = loop
