@@ -146,9 +146,35 @@ def _wakeup_after_fork() -> None:
 os.register_at_fork(after_in_child=_wakeup_after_fork)
 
 
+# glibc's malloc serves a block of at least its mmap threshold (128 KiB at
+# first) with its own mmap, and when such a block is freed it raises the
+# threshold to that block's size and the heap's trim threshold to twice it
+# (mallopt(3): M_MMAP_THRESHOLD, "dynamic").  A program receiving 1 MiB
+# messages learns a threshold of ~1 MiB from its first joined body, and then
+# holds ~2 MiB at the heap's top per message (the chunks and their join):
+# right at the trim threshold, so depending on where other objects happen to
+# sit, the heap was trimmed and grown again around every message (aiohttp's
+# client: 10 brk and ~560 page faults per MiB; 0.31-0.48x TCP).  rsock hands
+# the receiver a ring's worth at once (TCP's arrive a segment at a time), so
+# it teaches the allocator a larger size before its first connection: one
+# block allocated and freed untouched (calloc maps zero pages: no page is
+# touched).  A user's own MALLOC_*_ environment or mallopt() turns glibc's
+# dynamic thresholds off, and then this does nothing; so does another libc.
+HEAP_HINT = 4 << 20
+_heap_hinted = False
+
+
+def _hint_heap() -> None:
+    global _heap_hinted
+    _heap_hinted = True
+    bytes(HEAP_HINT)  # freed at once: glibc's threshold 4 MiB, its trim threshold 8
+
+
 def new() -> Handle:
     if _wakeup is None:
         _install_wakeup()
+    if not _heap_hinted:
+        _hint_heap()
     out = ffi.new("rsk_sock **")
     rc = lib.rsk_socket(out)
     if rc < 0:

@@ -40,13 +40,18 @@ _fast_recv_into = _ll.fast_recv_into
 
 __all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
 
-# Bytes per recv for a plain Protocol: 64 KiB, below glibc's mmap threshold (128 KiB),
-# so the bytes objects handed to data_received come from the heap's free lists.  With
-# 256 KiB, and a whole reply already in the ring (where TCP's arrive a segment at a
-# time), every read made and dropped a 256 KiB object at the heap's top, which glibc
-# trimmed and grew again each time: aiohttp's 1 MiB GET ran at 0.44x TCP (1.14x with
-# MALLOC_TOP_PAD_=16 MiB), 1.36x with 64 KiB reads (python -m rsock.bench apps --quick).
-_MAX_READ = 64 * 1024
+# Bytes per recv for a plain Protocol, after a first read into the scratch: up
+# to 1 MiB straight out of the ring (one allocation of the exact size; a
+# ring's wrap splits it).  Fewer, larger chunks save the receiver copies: a
+# 1 MiB body that arrives in one chunk is one bytes object all the way up to
+# aiohttp's ClientResponse.read() (in sixteen 64 KiB chunks it was joined
+# once more).  Blocks this large come from the heap only because the first
+# socket raised glibc's mmap threshold (_lowlevel.HEAP_HINT); before that,
+# 256 KiB reads made glibc trim and regrow the heap's top around every read.
+# aiohttp 1 MiB GET against TCP, same run: with the hint, 64 KiB reads
+# 1.12-1.24x, 1.52-1.60x with 1 MiB reads; python -m rsock.bench apps, A/B:
+# 1.21x, 1.29x (64 KiB reads, no hint) -> 1.48x, 1.50x (streamed 5.1-5.8x -> 8.8-9.5x).
+_MAX_READ = 1024 * 1024
 _SCRATCH = 16 * 1024  # first read of a plain Protocol
 _ACCEPT_RETRY_DELAY = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
