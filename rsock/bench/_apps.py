@@ -114,6 +114,7 @@ class Options:
     quick: bool
     json_path: str | None
     plot_path: str | None = None
+    tcp_heap_hint: bool = False
 
 
 def parse_cases(text: str) -> list[AppCase]:
@@ -154,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="limit for each process beyond its warm-up and timed loop, and "
                     "for a server to start or stop (default 60)")
     ap.add_argument("--quick", action="store_true", help="2 reps of 0.5 s")
+    ap.add_argument("--tcp-heap-hint", action="store_true",
+                    help="run the TCP programs after the change rsock's first socket makes "
+                    "to glibc's malloc (its mmap threshold raised, see the README), to "
+                    "show what that change alone is worth")
     ap.add_argument("--json", dest="json_path", metavar="PATH",
                     help="write the environment, the configuration and every sample as JSON")
     ap.add_argument("--plot", dest="plot_path", metavar="PATH.png",
@@ -185,7 +190,7 @@ def parse_options(argv: list[str]) -> Options:
         ap.error("--plot needs matplotlib, which is not installed: pip install 'rsock[bench]' "
                  "(or: pip install matplotlib)")  # fmt: skip
     return Options(a.cases, reps, rep_time, warmup, a.pin, cpus, a.timeout, q, a.json_path,
-                   a.plot_path)  # fmt: skip
+                   a.plot_path, bool(a.tcp_heap_hint))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- environment
@@ -225,11 +230,13 @@ def child_env(transport: str, tmp: Path) -> dict[str, str]:
     return env
 
 
-def command(transport: str, report: Path, args: list[str]) -> list[str]:
+def command(opts: Options, transport: str, report: Path, args: list[str]) -> list[str]:
     if args[0] != "-m":
         args = [str(APPS / args[0]), *args[1:]]
     if transport == "rsock":
         return [sys.executable, "-m", "rsock", "run", "--report", str(report), *args]
+    if opts.tcp_heap_hint:
+        return [sys.executable, "-m", "rsock.bench._hint", *args]
     return [sys.executable, *args]
 
 
@@ -279,7 +286,7 @@ def start_server(opts: Options, case: AppCase, transport: str, tmp: Path) -> Ser
     report = tmp / f"{transport}-server.json"
     with open(out, "wb") as so, open(err, "wb") as se:
         proc = subprocess.Popen(
-            command(transport, report, args), stdin=subprocess.PIPE, stdout=so, stderr=se,
+            command(opts, transport, report, args), stdin=subprocess.PIPE, stdout=so, stderr=se,
             env=child_env(transport, tmp), cwd=tmp, preexec_fn=pinner(opts.cpus[0]),
         )  # fmt: skip
     server = Server(transport, proc, out, err, report, uvicorn, port)
@@ -338,7 +345,7 @@ def run_client(
     limit = opts.rep_time + opts.warmup + opts.timeout
     try:
         proc = subprocess.run(
-            command(transport, report, args), stdin=subprocess.DEVNULL, capture_output=True,
+            command(opts, transport, report, args), stdin=subprocess.DEVNULL, capture_output=True,
             env=child_env(transport, tmp), cwd=tmp, timeout=limit,
             preexec_fn=pinner(opts.cpus[1]),
         )  # fmt: skip
@@ -517,7 +524,8 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
         f"{env['kernel']} | rsock {env['rsock']} | {pin} | {vers}",
         f"{opts.reps} reps x {opts.rep_time:g} s (after {opts.warmup:g} s warm-up) per "
         "transport, interleaved; median [min-max]; rsock = `python -m rsock run` with "
-        "RSOCK_FALLBACK=strict",
+        "RSOCK_FALLBACK=strict"
+        + ("; TCP with rsock's heap hint (--tcp-heap-hint)" if opts.tcp_heap_hint else ""),
         "",
     ]
     head = ["case", "unit", "TCP", "rsock", "rsock/TCP", "rsock fast path"]
@@ -627,6 +635,7 @@ def main(argv: list[str]) -> int:
                 "pin": opts.pin,
                 "timeout": opts.timeout,
                 "quick": opts.quick,
+                "tcp_heap_hint": opts.tcp_heap_hint,
                 "rsock_fallback": "strict",
             },
             "seconds": round(total, 3),
