@@ -246,6 +246,11 @@ int rsk_close(rsk_sock *s)
 		pthread_mutex_unlock(&s->lock);
 		return 0;
 	}
+	if (s->users == 0)
+		/* before the peer learns of the close: its answer (closing its
+		 * side hangs up the liveness fd) would wake the watcher thread
+		 * for a socket about to go, and race this close for the lock */
+		eng_watch_del(s);
 	if (s->kind == K_CONN && !(s->p.flags & F_DEAD) && !eng_forked(s)) {
 		eng_progress(s);
 		proto_close(&s->p);
