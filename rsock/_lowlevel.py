@@ -398,12 +398,13 @@ def memmove(dst: Any, src: Any, n: int) -> None:
 # more (argument conversion, ffi.from_buffer), as much as the engine's own
 # work on a small message.
 _fastcall.bind(
-    int(ffi.cast("uintptr_t", ffi.addressof(lib, "rsk_send"))),
-    int(ffi.cast("uintptr_t", ffi.addressof(lib, "rsk_recv"))),
-)
+    *(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
+      for f in ("rsk_send", "rsk_recv", "rsk_recv_zc", "rsk_recv_done"))
+)  # fmt: skip
 fast_send = _fastcall.send
 fast_sendall = _fastcall.sendall
 fast_recv_into = _fastcall.recv_into
+fast_recv_bytes = _fastcall.recv_bytes  # readable bytes (up to n) as one bytes object
 
 
 def release(*bufs: Any) -> None:

@@ -37,22 +37,29 @@ from rsock._socket import RSOCK_SPIN_US, SOL_RSOCK, socket
 
 _fast_send = _ll.fast_send
 _fast_recv_into = _ll.fast_recv_into
+_fast_recv_bytes = _ll.fast_recv_bytes
 
 __all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
 
-# Bytes per recv for a plain Protocol, after a first read into the scratch: up
-# to 1 MiB straight out of the ring (one allocation of the exact size; a
-# ring's wrap splits it).  Fewer, larger chunks save the receiver copies: a
-# 1 MiB body that arrives in one chunk is one bytes object all the way up to
-# aiohttp's ClientResponse.read() (in sixteen 64 KiB chunks it was joined
-# once more).  Blocks this large come from the heap only because the first
-# socket raised glibc's mmap threshold (_lowlevel.HEAP_HINT); before that,
-# 256 KiB reads made glibc trim and regrow the heap's top around every read.
-# aiohttp 1 MiB GET against TCP, same run: with the hint, 64 KiB reads
-# 1.12-1.24x, 1.52-1.60x with 1 MiB reads; python -m rsock.bench apps, A/B:
-# 1.21x, 1.29x (64 KiB reads, no hint) -> 1.48x, 1.50x (streamed 5.1-5.8x -> 8.8-9.5x).
+# Bytes per recv for a plain Protocol: what is readable now, up to 1 MiB, in
+# one bytes object of its size, copied once straight out of the ring
+# (_fastcall.recv_bytes: one call; a ring's wrap splits it).  Fewer, larger
+# chunks save the receiver copies: a 1 MiB body that arrives in one chunk
+# is one bytes object all the way up to aiohttp's ClientResponse.read() (in
+# sixteen 64 KiB chunks it was joined once more).  Blocks this large come
+# from the heap only because the first socket raised glibc's mmap threshold
+# (_lowlevel.HEAP_HINT); before that, 256 KiB reads made glibc trim and
+# regrow the heap's top around every read.  aiohttp 1 MiB GET against TCP,
+# same run: with the hint, 64 KiB reads 1.12-1.24x, 1.52-1.60x with 1 MiB
+# reads; python -m rsock.bench apps, A/B: 1.21x, 1.29x (64 KiB reads, no
+# hint) -> 1.48x, 1.50x (streamed 5.1-5.8x -> 8.8-9.5x).
 _MAX_READ = 1024 * 1024
-_SCRATCH = 16 * 1024  # first read of a plain Protocol
+# After a read this large the transport reads again at once (the sender is
+# likely streaming: one more call, EAGAIN at worst); after a smaller one it
+# returns to the loop (the engine keeps the fd readable if more came).
+# Returning after every read shorter than _MAX_READ halved asyncio's 1 MiB
+# stream and cut its 64 B msgrate by a third (one loop round per read).
+_MORE_AFTER = 16 * 1024
 _ACCEPT_RETRY_DELAY = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
@@ -278,11 +285,6 @@ class RsockTransport(transports._FlowControlMixin):
         self._closing = False
         self._conn_lost = 0
         self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
-        # plain Protocols read small messages through one preallocated
-        # buffer (one engine call); a full scratch means more is waiting,
-        # then reads copy straight out of the ring
-        self._scratch = bytearray(_SCRATCH)
-        self._scratch_mv = memoryview(self._scratch)
         self._polled = False  # hot in the poller (the engine's polling mode)
         self._poll_seen = False  # active since the poller's last sweep
         self._poll_last = 0
@@ -360,7 +362,6 @@ class RsockTransport(transports._FlowControlMixin):
         # means the ring is empty: stop there, the engine keeps the fd
         # readable if more arrives (level-triggered), so nothing is missed.
         addr = self._handle.addr
-        big = False  # the scratch filled up: read straight out of the ring now
         for _ in range(_READS_PER_WAKEUP):
             if not self._reading or self._conn_lost:
                 return
@@ -392,31 +393,24 @@ class RsockTransport(transports._FlowControlMixin):
                         return
                     continue
             else:
-                if big:
-                    # more is waiting: one bytes object straight out of the
-                    # ring (joining it to the scratch's, as before, allocated
-                    # and copied every large read twice)
-                    r = _ll.recv_bytes(self._handle, _MAX_READ, 0, 0)
-                    n = len(r) if isinstance(r, bytes) else r
-                    data = r if isinstance(r, bytes) else b""
+                r = _fast_recv_bytes(addr, _MAX_READ, 0)
+                if isinstance(r, bytes):
+                    n = len(r)
+                    if n:
+                        try:
+                            self._protocol.data_received(r)  # type: ignore[attr-defined]
+                        except (SystemExit, KeyboardInterrupt):
+                            raise
+                        except BaseException as exc:
+                            self._fatal_error(
+                                exc, "Fatal error: protocol.data_received() call failed."
+                            )
+                            return
+                        if n < _MORE_AFTER:
+                            return  # a small read: the ring is most likely empty
+                        continue  # (a large one: more is often on its way)
                 else:
-                    n = _fast_recv_into(addr, self._scratch, 0)
-                    if n > 0:
-                        data = bytes(self._scratch_mv[:n])
-                        big = n == _SCRATCH
-                if n > 0:
-                    try:
-                        self._protocol.data_received(data)  # type: ignore[attr-defined]
-                    except (SystemExit, KeyboardInterrupt):
-                        raise
-                    except BaseException as exc:
-                        self._fatal_error(
-                            exc, "Fatal error: protocol.data_received() call failed."
-                        )
-                        return
-                    if not big:
-                        return  # a short read: the ring is empty
-                    continue
+                    n = r
             if n == 0:
                 self._read_eof()
                 return

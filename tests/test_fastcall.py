@@ -29,6 +29,55 @@ def test_bad_arguments() -> None:
         _fastcall.sendall(0, "text", 0)
     with pytest.raises(ValueError):
         _fastcall.bind(0, 0)
+    with pytest.raises(TypeError):
+        _fastcall.bind(1, 2, 3)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="nbytes > 0"):
+            _fastcall.recv_bytes(0, bad, 0)
+    with pytest.raises(TypeError):
+        _fastcall.recv_bytes(0, "1", 0)
+    with pytest.raises(OverflowError):
+        _fastcall.recv_bytes(0, 1 << 70, 0)
+    with pytest.raises(OverflowError):
+        _fastcall.recv_bytes(0, 1, 1 << 40)
+    with pytest.raises(TypeError):
+        _fastcall.recv_bytes(0, 1)  # type: ignore[call-arg]
+
+
+def test_recv_bytes_takes_what_is_readable() -> None:
+    """recv_bytes (rsock.asyncio's plain-Protocol read): -EAGAIN while
+    nothing is there, at most nbytes of what is, in order, whole across
+    the ring's wrap (checked by digest), then b"" at EOF."""
+    import errno
+
+    client, server = connected_pair(rsock)
+    with client, server:
+        assert server._h is not None
+        addr = server._h.addr
+        assert _fastcall.recv_bytes(addr, 100, 0) == -errno.EAGAIN
+        client.sendall(b"hello world")
+        assert _fastcall.recv_bytes(addr, 5, 0) == b"hello"
+        assert _fastcall.recv_bytes(addr, 100, 0) == b" world"
+        assert _fastcall.recv_bytes(addr, 100, 0) == -errno.EAGAIN
+        # more than a ring: chunks never above nbytes, bytes all there
+        sent = hashlib.sha256()
+        got = hashlib.sha256()
+        total = 0
+        block = bytes(range(256)) * 1000
+        for _ in range(40):  # 10 MiB through an 8 MiB ring, interleaved
+            client.sendall(block)
+            sent.update(block)
+            while True:
+                r = _fastcall.recv_bytes(addr, 65536, 0)
+                if isinstance(r, int):
+                    assert r == -errno.EAGAIN
+                    break
+                assert 0 < len(r) <= 65536
+                got.update(r)
+                total += len(r)
+        assert total == 40 * len(block) and got.digest() == sent.digest()
+        client.close()
+        assert _fastcall.recv_bytes(addr, 100, 1000) == b""
 
 
 def test_buffer_kinds_through_the_hot_paths() -> None:

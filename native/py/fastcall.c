@@ -19,8 +19,13 @@
 
 typedef ssize_t (*io_fn)(void *s, void *buf, size_t len, int flags,
 			 int timeout_ms);
+typedef ssize_t (*zc_fn)(void *s, size_t len, int flags, int timeout_ms,
+			 const void **ptr);
+typedef int (*done_fn)(void *s, size_t n);
 
 static io_fn fn_send, fn_recv;
+static zc_fn fn_recv_zc;   /* (optional: recv_bytes needs both) */
+static done_fn fn_recv_done;
 
 static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
 		    void **s, int *timeout)
@@ -106,6 +111,56 @@ static PyObject *fc_recv_into(PyObject *self, PyObject *const *args,
 	return PyLong_FromSsize_t(rc);
 }
 
+/* recv_bytes(sock_addr, nbytes, timeout_ms) -> bytes (b"" at EOF) or
+ * rsk_recv_zc's -errno: up to nbytes that are readable now (contiguous in
+ * the ring: a wrap splits them) copied once, straight out of the ring,
+ * into a bytes object of their size.  The receive side is held only
+ * between the two engine calls; the copy happens with the GIL (it must:
+ * the bytes object is Python's), the wait without it. */
+static PyObject *fc_recv_bytes(PyObject *self, PyObject *const *args,
+			       Py_ssize_t nargs)
+{
+	Py_ssize_t limit;
+	const void *ptr = NULL;
+	PyObject *out;
+	ssize_t rc;
+	void *s;
+	int timeout;
+
+	(void)self;
+	if (nargs != 3) {
+		PyErr_SetString(PyExc_TypeError, "recv_bytes expects 3 arguments");
+		return NULL;
+	}
+	limit = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+	if (limit == -1 && PyErr_Occurred())
+		return NULL;
+	if (limit <= 0) {
+		PyErr_SetString(PyExc_ValueError, "recv_bytes needs nbytes > 0");
+		return NULL;
+	}
+	{
+		PyObject *a[3] = { args[0], args[0], args[2] };
+
+		if (get_args(a, 3, "recv_bytes", &s, &timeout))
+			return NULL;
+	}
+	if (!fn_recv_zc || !fn_recv_done) {
+		PyErr_SetString(PyExc_RuntimeError, "rsock._fastcall not bound");
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	rc = fn_recv_zc(s, (size_t)limit, 0, timeout, &ptr);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return PyLong_FromSsize_t(rc);
+	if (rc == 0)
+		return PyBytes_FromStringAndSize(NULL, 0);
+	out = PyBytes_FromStringAndSize((const char *)ptr, rc);
+	fn_recv_done(s, out ? (size_t)rc : 0); /* (no memory: nothing taken) */
+	return out;
+}
+
 /* rsk_send on data; all: None when it took all of data */
 static PyObject *fc_send_common(PyObject *const *args, Py_ssize_t nargs,
 				const char *name, int all)
@@ -137,39 +192,48 @@ static PyObject *fc_sendall(PyObject *self, PyObject *const *args,
 	return fc_send_common(args, nargs, "sendall", 1);
 }
 
-/* bind(send_addr, recv_addr): the engine's entry points */
+/* bind(send_addr, recv_addr[, recv_zc_addr, recv_done_addr]): the
+ * engine's entry points */
 static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 			 Py_ssize_t nargs)
 {
-	unsigned long long a, b;
+	unsigned long long a[4] = { 0, 0, 0, 0 };
+	Py_ssize_t i;
 
 	(void)self;
-	if (nargs != 2) {
-		PyErr_SetString(PyExc_TypeError, "bind expects 2 arguments");
+	if (nargs != 2 && nargs != 4) {
+		PyErr_SetString(PyExc_TypeError, "bind expects 2 or 4 arguments");
 		return NULL;
 	}
-	a = PyLong_AsUnsignedLongLong(args[0]);
-	b = PyLong_AsUnsignedLongLong(args[1]);
-	if (PyErr_Occurred())
-		return NULL;
-	if (!a || !b) {
-		PyErr_SetString(PyExc_ValueError, "null entry point");
-		return NULL;
+	for (i = 0; i < nargs; i++) {
+		a[i] = PyLong_AsUnsignedLongLong(args[i]);
+		if (PyErr_Occurred())
+			return NULL;
+		if (!a[i]) {
+			PyErr_SetString(PyExc_ValueError, "null entry point");
+			return NULL;
+		}
 	}
-	fn_send = (io_fn)(uintptr_t)a;
-	fn_recv = (io_fn)(uintptr_t)b;
+	fn_send = (io_fn)(uintptr_t)a[0];
+	fn_recv = (io_fn)(uintptr_t)a[1];
+	if (nargs == 4) {
+		fn_recv_zc = (zc_fn)(uintptr_t)a[2];
+		fn_recv_done = (done_fn)(uintptr_t)a[3];
+	}
 	Py_RETURN_NONE;
 }
 
 static PyMethodDef fc_methods[] = {
 	{ "recv_into", (PyCFunction)(void (*)(void))fc_recv_into, METH_FASTCALL,
 	  "recv_into(sock_addr, buffer, timeout_ms[, nbytes]) -> rsk_recv result" },
+	{ "recv_bytes", (PyCFunction)(void (*)(void))fc_recv_bytes, METH_FASTCALL,
+	  "recv_bytes(sock_addr, nbytes, timeout_ms) -> bytes or -errno" },
 	{ "send", (PyCFunction)(void (*)(void))fc_send, METH_FASTCALL,
 	  "send(sock_addr, data, timeout_ms) -> rsk_send result" },
 	{ "sendall", (PyCFunction)(void (*)(void))fc_sendall, METH_FASTCALL,
 	  "sendall(sock_addr, data, timeout_ms) -> None or rsk_send result" },
 	{ "bind", (PyCFunction)(void (*)(void))fc_bind, METH_FASTCALL,
-	  "bind(rsk_send_addr, rsk_recv_addr)" },
+	  "bind(rsk_send_addr, rsk_recv_addr[, rsk_recv_zc_addr, rsk_recv_done_addr])" },
 	{ NULL, NULL, 0, NULL },
 };
 
