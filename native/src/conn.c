@@ -314,6 +314,18 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			if (!spin_end) {
 				spin_end = now + (int64_t)s->opts.spin_us * 1000;
 				sig_look = now + SPIN_SIG_LOOK_NS;
+				if (s->wslot >= 0 && !s->fd_waiter)
+					/* This thread takes in what comes while
+					 * it spins (as eng_watch_mute's sleeper
+					 * does): no wake-up of the watcher
+					 * thread meanwhile, which would share
+					 * this CPU and the lock with the spin
+					 * (httpx's keep-alive: 6 futex calls per
+					 * request).  Armed again before a sleep
+					 * (below) or when the call ends
+					 * (eng_sync_fd), each time followed by a
+					 * look at what came. */
+					s->p.ops->disarm(s->p.qp);
 			}
 			if (now >= sig_look && now < spin_end) {
 				/* a long spin looks for signals now and then */
