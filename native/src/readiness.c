@@ -134,7 +134,10 @@ void eng_sync_pair(rsk_sock *s)
 	} else if (!r && s->tok) {
 		char b[64];
 
-		while (recv(s->fa, b, sizeof(b), MSG_DONTWAIT) > 0)
+		/* one token byte (a forked copy may have added its own): a
+		 * short read emptied it, no second call to see EAGAIN */
+		while (recv(s->fa, b, sizeof(b), MSG_DONTWAIT) ==
+		       (ssize_t)sizeof(b))
 			;
 		s->tok = 0;
 	}
