@@ -522,6 +522,39 @@ def _watcher_switches() -> int:
     return 0
 
 
+def test_spinning_recv_leaves_the_watcher_asleep(pair: Pair, transport: str) -> None:
+    """As below, with answers that come within a blocking call's spin (the
+    peer echoes at once): the spinning thread takes them in, and the watcher
+    thread is not woken for them (it was, once per answer: httpx's keep-alive
+    client).  fileno() is exact again after the calls, as over TCP."""
+    client, server = pair
+    n = 200
+    assert select.select([client], [], [], 0)[0] == []  # polled: kept exact from now on
+
+    def echo() -> None:
+        for _ in range(n):
+            server.sendall(recv_exact(server, 8))
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    for i in range(10):  # both threads running
+        client.sendall(b"%08d" % i)
+        assert recv_exact(client, 8) == b"%08d" % i
+    before = _watcher_switches()
+    for i in range(10, n):
+        client.sendall(b"%08d" % i)
+        assert recv_exact(client, 8) == b"%08d" % i
+    woke = _watcher_switches() - before
+    t.join(20)
+    if transport == "rsock":
+        assert woke <= n // 10, woke  # (was about 1 per answer)
+    assert select.select([client], [], [], 0)[0] == []
+    server.sendall(b"z")
+    assert select.select([client], [], [], 5)[0] == [client]
+    assert client.recv(1) == b"z"
+    assert select.select([client], [], [], 0)[0] == []
+
+
 def test_blocking_recv_leaves_the_watcher_asleep(pair: Pair, transport: str) -> None:
     """A thread blocked in recv on a connection whose fileno() someone polls
     (httpx's and urllib3's checks of an idle connection do) is woken by the
