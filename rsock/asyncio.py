@@ -749,45 +749,49 @@ class RsockServer(asyncio.AbstractServer):
             self._loop.add_reader(listener.fileno(), self._accept_ready, listener)
 
     def _accept_ready(self, listener: socket) -> None:
-        for _ in range(self._backlog):
-            try:
-                got = listener._accept_nowait()
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+        # One connection per wake-up: the loop's reader is level-triggered
+        # (a listener's fd stays readable while clients wait), so the next
+        # comes on the next round; looking for a second one at once cost
+        # an empty accept per connection (two system calls and the Python
+        # around them) where clients come one at a time.
+        try:
+            got = listener._accept_nowait()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # as asyncio's loops: say so, stop accepting for a while
+                # (the clients stay queued), then start again
+                self._loop.call_exception_handler(
+                    {"message": "socket.accept() out of system resource", "exception": exc}
+                )
+                fd = listener.fileno()
+                self._loop.remove_reader(fd)
+                self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accept, listener)
                 return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # as asyncio's loops: say so, stop accepting for a while
-                    # (the clients stay queued), then start again
-                    self._loop.call_exception_handler(
-                        {"message": "socket.accept() out of system resource", "exception": exc}
-                    )
-                    fd = listener.fileno()
-                    self._loop.remove_reader(fd)
-                    self._loop.call_later(_ACCEPT_RETRY_DELAY, self._resume_accept, listener)
-                    return
-                raise
-            if got is None:
-                return  # none left (no BlockingIOError made for it)
-            conn = got[0]
-            kernel = conn.take_kernel()
-            if kernel is not None:
-                # a plain TCP client on our port: the loop's own transport
-                self._loop.create_task(self._serve_kernel(kernel))
-                continue
-            try:
-                protocol = self._factory()
-            except BaseException:
-                conn.close()
-                raise
-            if self._ssl is None:
-                RsockTransport(self._loop, conn, protocol, server=self)
-                continue
-            waiter: asyncio.Future[None] = self._loop.create_future()
-            waiter.add_done_callback(self._handshake_done)
-            tls = sslproto.SSLProtocol(
-                self._loop, protocol, self._ssl, waiter, server_side=True, **self._tls_args
-            )
-            RsockTransport(self._loop, conn, tls, server=self)
+            raise
+        if got is None:
+            return  # none left (no BlockingIOError made for it)
+        conn = got[0]
+        kernel = conn.take_kernel()
+        if kernel is not None:
+            # a plain TCP client on our port: the loop's own transport
+            self._loop.create_task(self._serve_kernel(kernel))
+            return
+        try:
+            protocol = self._factory()
+        except BaseException:
+            conn.close()
+            raise
+        if self._ssl is None:
+            RsockTransport(self._loop, conn, protocol, server=self)
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        waiter.add_done_callback(self._handshake_done)
+        tls = sslproto.SSLProtocol(
+            self._loop, protocol, self._ssl, waiter, server_side=True, **self._tls_args
+        )
+        RsockTransport(self._loop, conn, tls, server=self)
 
     async def _serve_kernel(self, kernel: _std.socket) -> None:
         """A plain TCP client, served as the loop serves its own (under
