@@ -5,6 +5,7 @@ does (``rsock._lowlevel.hint_heap``), without making any rsock socket: the TCP s
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -20,7 +21,7 @@ def main(argv: list[str]) -> None:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(argv)
-        sys.path[0] = str(__import__("os").path.dirname(argv[0]) or ".")
+        sys.path[0] = os.path.dirname(argv[0]) or "."
         runpy.run_path(argv[0], run_name="__main__")
 
 
