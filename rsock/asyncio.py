@@ -706,7 +706,6 @@ class RsockServer(asyncio.AbstractServer):
         loop: asyncio.AbstractEventLoop,
         sockets: list[socket],
         protocol_factory: Callable[[], asyncio.BaseProtocol],
-        backlog: int,
         sslcontext: _ssl.SSLContext | None = None,
         tls_args: dict[str, Any] | None = None,
     ) -> None:
@@ -715,7 +714,6 @@ class RsockServer(asyncio.AbstractServer):
         self._tls_args = tls_args or {}
         self._sockets: list[socket] | None = sockets
         self._factory = protocol_factory
-        self._backlog = backlog
         self._active = 0
         self._serving = False
         self._waiters: list[asyncio.Future[None]] | None = []
@@ -974,7 +972,7 @@ async def create_server(
             raise OSError(f"could not bind on any address out of {hosts!r}")
     for s in sockets:
         s.listen(backlog)
-    server = RsockServer(loop, sockets, protocol_factory, backlog, ctx, tls)
+    server = RsockServer(loop, sockets, protocol_factory, ctx, tls)
     if start_serving:
         server._start_serving()
         await asyncio.sleep(0)
