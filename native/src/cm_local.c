@@ -416,8 +416,12 @@ static void cm_dequeue(int fd)
 		;
 }
 
-int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
-		  char *detail, size_t dlen)
+/* cm_accept_req; early: the REQ may not be there yet, and then the
+ * result is -EINPROGRESS with fd left as it was (one recvmsg says so: no
+ * poll of its own before it). */
+static int cm_accept_req_early(int fd, const struct rsk_opts *o,
+			       struct cm_result *res, char *detail,
+			       size_t dlen, int early)
 {
 	struct cm_msg req;
 	int fds[CM_MAX_FDS], nfds, rc, i;
@@ -431,6 +435,8 @@ int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 	rc = cm_recv(fd, &req, fds, &nfds, 0, 1);
 	if (rc == -EMFILE)
 		return rc; /* client kept */
+	if (rc == -ETIMEDOUT && early)
+		return -EINPROGRESS; /* nothing queued yet: client kept */
 	if (rc) {
 		snprintf(detail, dlen, "handshake: bad or missing request");
 		cm_dequeue(fd); /* closed with nothing unread: a hang-up */
@@ -510,6 +516,12 @@ reject:
 	close(fd);
 	cm_result_release(res);
 	return rc;
+}
+
+int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
+		  char *detail, size_t dlen)
+{
+	return cm_accept_req_early(fd, o, res, detail, dlen, 0);
 }
 
 int cm_parse_reject(const void *buf, size_t len, char *detail, size_t dlen)
@@ -830,13 +842,14 @@ static int cm_short(int rc)
 /* Handshake of a client whose REQ arrived, the caller's preparation first
  * (so that a shortage there leaves the client as it was: see
  * cm_accept_req). */
-static int cm_take(const struct cm_host *h, int fd, struct cm_result *res)
+static int cm_take(const struct cm_host *h, int fd, struct cm_result *res,
+		   int early)
 {
 	int rc;
 
 	if (h->prepare && (rc = h->prepare(h->arg)))
 		return rc;
-	return cm_accept_req(fd, h->o, res, h->detail, h->dlen);
+	return cm_accept_req_early(fd, h->o, res, h->detail, h->dlen, early);
 }
 
 static void cm_park(struct cm_listener *l, int fd, int short_of, int64_t now)
@@ -885,7 +898,7 @@ static int cm_local_accept(struct cm_listener *l, const struct cm_host *h,
 
 		fd = p->fd;
 		if (p->short_of || cm_req_ready(fd)) {
-			rc = cm_take(h, fd, res);
+			rc = cm_take(h, fd, res, 0);
 			if (rc == 0) {
 				cm_pend_drop(l, i, 0);
 				return 0;
@@ -921,17 +934,21 @@ static int cm_local_accept(struct cm_listener *l, const struct cm_host *h,
 				return fd;
 			if (fd < 0)
 				continue;
-			if (cm_req_ready(fd) || (h->nb && cm_req_soon(fd))) {
-				rc = cm_take(h, fd, res);
-				if (rc == 0)
-					return 0;
-				if (cm_short(rc)) {
-					cm_park(l, fd, 1, now);
-					return rc;
+			/* usually there already: taken without a poll first */
+			rc = cm_take(h, fd, res, 1);
+			if (rc == -EINPROGRESS) {
+				if (!h->nb || !cm_req_soon(fd)) {
+					cm_park(l, fd, 0, now);
+					continue;
 				}
-				continue;
+				rc = cm_take(h, fd, res, 0);
 			}
-			cm_park(l, fd, 0, now);
+			if (rc == 0)
+				return 0;
+			if (cm_short(rc)) {
+				cm_park(l, fd, 1, now);
+				return rc;
+			}
 		}
 	}
 	return -EAGAIN;
