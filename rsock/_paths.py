@@ -85,15 +85,20 @@ def provider_config() -> tuple[str, _ll.Opts]:
     return hit
 
 
+# the engine's defaults (what a new socket has): provider_config gives this
+# very object when the environment sets nothing else
+DEFAULT_OPTS = _ll.default_opts()
+
+
 def _provider_config() -> tuple[str, _ll.Opts]:
-    d = _ll.default_opts()
+    d = DEFAULT_OPTS
     opts = _ll.Opts(
         ring_size=_env_int("RSOCK_RING_SIZE", d.ring_size),
         qdepth=_env_int("RSOCK_QDEPTH", d.qdepth),
         inline_max=_env_int("RSOCK_INLINE", d.inline_max),
         spin_us=_env_int("RSOCK_SPIN_US", d.spin_us),
     )
-    return os.environ.get("RSOCK_PROVIDER", "") or "shm", opts
+    return os.environ.get("RSOCK_PROVIDER", "") or "shm", d if opts == d else opts
 
 
 def check_provider(name: str) -> None:

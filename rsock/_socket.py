@@ -45,7 +45,7 @@ from typing_extensions import Buffer
 
 from rsock import _lowlevel as _ll
 from rsock import _paths
-from rsock._paths import FALLBACK, VERBS_RING_SIZE, fallback_mode, provider_config
+from rsock._paths import DEFAULT_OPTS, FALLBACK, VERBS_RING_SIZE, fallback_mode, provider_config
 from rsock._readiness import Watch
 from rsock._tcp import TcpPath, routed
 
@@ -545,7 +545,8 @@ class socket:
         h = _ll.new()
         self._core = _Core(h, None)  # no kernel socket until one is needed
         self._h = h
-        rc = _ll.set_opts(h, opts)
+        # (the engine's defaults are the new socket's already)
+        rc = 0 if opts is DEFAULT_OPTS else _ll.set_opts(h, opts)
         if rc < 0:
             self.close()
             raise ValueError(f"bad rsock tunables {opts}: {os.strerror(-rc)}")
@@ -1456,6 +1457,19 @@ class socket:
         if rc in (-_errno.EINPROGRESS, -_errno.EALREADY):
             d = ""
         raise _ll.oserror(rc, d)
+
+    def _connected_at_once(self) -> bool:
+        """After a non-blocking connect's EINPROGRESS: had it completed
+        already?  Then the second connect() that would say so (0) is
+        taken here, without the address checked again (an event loop's
+        connect; on the TCP path, never)."""
+        if self._tcp is not None or self._h is None:
+            return False
+        core = self._core
+        if core.nb != _NB_DONE:
+            return False
+        core.nb = 0
+        return True
 
     @routed
     def connect_ex(self, address: Any, /) -> int:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from rsock import _lowlevel as _ll
 from rsock._readiness import POLLIN, POLLOUT, Watch
-from rsock._socket import RSOCK_SPIN_US, SOL_RSOCK, socket
+from rsock._socket import socket
 
 _fast_send = _ll.fast_send
 _fast_recv_into = _ll.fast_recv_into
@@ -67,11 +67,15 @@ _SPIN_ENV = os.fsencode("RSOCK_SPIN_US")  # as os.environ's backing dict holds i
 
 
 def _loop_spin(sock: socket) -> None:
-    """No spinning on the loop thread unless the user asked for it."""
+    """No spinning on the loop thread unless the user asked for it (an
+    accepted connection has its listener's: set once, on the listener)."""
     data = getattr(os.environ, "_data", None)  # (its keys encoded: no encode per call)
     if _SPIN_ENV in data if type(data) is dict else "RSOCK_SPIN_US" in os.environ:
         return
-    sock.setsockopt(SOL_RSOCK, RSOCK_SPIN_US, 0)
+    h = sock._h
+    if h is not None:
+        # (what setsockopt(SOL_RSOCK, RSOCK_SPIN_US, 0) does, without its checks)
+        _ll.set_opt(h, "spin_us", 0)
 
 
 _POLL_ENV = "RSOCK_LOOP_POLL_US"
@@ -83,9 +87,25 @@ _POLL_SLICE_US = 25  # longest busy-poll between two looks at the loop's other w
 _POLL_GAP_NS = 8_000
 
 
+_POLL_KEY = os.fsencode(_POLL_ENV)
+# (the raw value last read, what it parsed to): read for every transport
+_poll_seen: tuple[Any, int] = (None, _POLL_DEFAULT_US)
+
+
 def _loop_poll_us() -> int:
     """``RSOCK_LOOP_POLL_US`` (0 .. 1 s, default 50; 0: no polling)."""
-    v = os.environ.get(_POLL_ENV)
+    global _poll_seen
+    data = getattr(os.environ, "_data", None)
+    raw = data.get(_POLL_KEY) if type(data) is dict else os.environ.get(_POLL_ENV)
+    seen = _poll_seen
+    if raw == seen[0]:
+        return seen[1]
+    us = _parse_poll_us(os.environ.get(_POLL_ENV))
+    _poll_seen = (raw, us)
+    return us
+
+
+def _parse_poll_us(v: str | None) -> int:
     if v is None or v == "":
         return _POLL_DEFAULT_US
     try:
@@ -261,7 +281,8 @@ class RsockTransport(transports._FlowControlMixin):
         self._protocol = protocol
         self._server = server
         sock.setblocking(False)
-        _loop_spin(sock)
+        if server is None:  # (an accepted one has its listener's)
+            _loop_spin(sock)
         # the engine keeps its notify fd readable exactly while we are
         # ready: the loop watches it and the liveness fd (no thread)
         self._watch = sock.watch()
@@ -720,6 +741,7 @@ class RsockServer(asyncio.AbstractServer):
         self._serving_forever_fut: asyncio.Future[None] | None = None
         for s in sockets:
             s.setblocking(False)
+            _loop_spin(s)  # (what the connections it accepts inherit)
 
     def _attach(self) -> None:
         self._active += 1
@@ -995,8 +1017,11 @@ async def connect_socket(loop: asyncio.AbstractEventLoop, sock: socket, address:
     err = sock.connect_ex(address)
     if err == errno.EINPROGRESS:
         # Usually done already (EINPROGRESS is what a non-blocking connect
-        # reports, as TCP's): a second connect says so (0) or gives the
-        # error, and nothing needs the fd (no fileno() pair, no loop round).
+        # reports, as TCP's): a second connect would say so (0) or give
+        # the error, and nothing needs the fd (no fileno() pair, no loop
+        # round).
+        if sock._connected_at_once():
+            return
         err = sock.connect_ex(address)
     if err == 0:
         return
