@@ -235,8 +235,8 @@ class Watch:
         """The engine keeps the notify fd readable while the socket is ready
         for ``interest`` (POLLIN and/or POLLOUT; 0: nothing), and ``loop``
         calls ``on_ready`` then; also when the liveness fd fires (the peer
-        went), until the peer is gone for good.  Call again whenever the
-        interest changes."""
+        went), until the peer is gone for good (watched once out of polling
+        mode: ``set_polled``).  Call again whenever the interest changes."""
         if interest != self._interest:
             self._interest = interest
             _ll.set_interest(self.handle, interest)
@@ -249,16 +249,27 @@ class Watch:
         elif not interest and self._reading:
             _hub(loop).remove(self.notify_fd, self)
             self._reading = False
-        if not self._live and self.live_fd >= 0:
-            _hub(loop).add(self.live_fd, self, self._on_live, loop, on_ready)
-            self._live = True
+        if not self._live and self.live_fd >= 0 and not self._polled:
+            self._watch_live(loop, on_ready)
+
+    def _watch_live(self, loop: Any, on_ready: Callable[[], None]) -> None:
+        _hub(loop).add(self.live_fd, self, self._on_live, loop, on_ready)
+        self._live = True
 
     def set_polled(self, loop: Any, on_ready: Callable[[], None], on: bool) -> None:
         """Polling mode on: the notify fd is neither armed nor watched (the
         caller polls the ring with ``_ll.SpinSet``, and calls ``on_ready``
         itself); off: the engine arms and makes the notify fd exact again,
-        and ``loop`` watches it as ``arm`` left it.  The liveness fd stays
-        watched either way."""
+        and ``loop`` watches it as ``arm`` left it.
+
+        The liveness fd is watched from the first ``arm`` out of polling
+        mode on: a connection polled from its start (``start(polled=True)``)
+        and closed while still polled, as most short ones are, never
+        registers it (two ``epoll_ctl`` less per connection).  A peer that
+        dies meanwhile shows when the poller cools the connection (no
+        activity for its budget, ``RSOCK_LOOP_POLL_US``), or to a sender
+        within a millisecond of a send (the engine's own look at the
+        liveness channel)."""
         if on == self._polled or not self._is_open():
             return
         self._polled = on
@@ -269,6 +280,8 @@ class Watch:
         if not on and self._want:
             _hub(loop).add(self.notify_fd, self, on_ready)
             self._reading = True
+        if not on and self._interest >= 0 and not self._live and self.live_fd >= 0:
+            self._watch_live(loop, on_ready)
 
     def _on_live(self, loop: Any, on_ready: Callable[[], None]) -> None:
         # What the ring holds first: a peer that closed wrote its FIN there

@@ -392,3 +392,89 @@ def test_empty_writes(transport: str, run: Any) -> None:
             await cp.lost
 
     run(main())
+
+
+_PEER_SRC = (
+    "import socket, sys, time\n"
+    "mod = socket\n"
+    "if sys.argv[1] == 'rsock':\n"
+    "    import rsock as mod\n"
+    "s = mod.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+    "print(s.getsockname()[1], flush=True)\n"
+    "c, _ = s.accept(); c.sendall(b'hi')\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+def test_peer_death_while_polled(transport: str, run: Any, monkeypatch: Any) -> None:
+    """A peer killed while the connection is hot (polled, its liveness fd
+    not watched yet): connection_lost once the poller cools it, within its
+    budget (0.5 s here) and the second of peer-death detection.  Over TCP:
+    the kernel's reset, at once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    budget = 0.5
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", str(int(budget * 1e6)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PEER_SRC, transport], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+
+        async def main() -> float:
+            tr, cp = await entry_points(transport)[1](Client, "127.0.0.1", port)
+            assert await cp.wait(2) == b"hi"
+            if transport == "rsock":
+                watch = tr._watch  # type: ignore[attr-defined]
+                # hot from its start: the liveness fd is not watched yet
+                assert tr._polled and not watch._live  # type: ignore[attr-defined]
+            killed = time.monotonic()
+            os.kill(proc.pid, signal.SIGKILL)
+            await asyncio.wait_for(cp.lost, budget + 5)
+            return time.monotonic() - killed
+
+        elapsed = run(asyncio.wait_for(main(), HANG))
+        assert elapsed < budget + 1.0 + 0.25
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_liveness_fd_watched_once_cool(run: Any) -> None:
+    """A connection polled from its start registers its liveness fd only
+    when the poller cools it (a short connection never does); from then on
+    it stays watched, hot or not."""
+
+    async def main() -> None:
+        server, tr, cp = await open_pair("rsock")
+        async with server:
+            watch = tr._watch  # type: ignore[attr-defined]
+            loop = asyncio.get_running_loop()
+
+            def watched(fd: int) -> bool:  # by the loop's hub (made at its first fd)
+                hub = getattr(loop, "_rsock_hub", None)
+                return hub is not None and fd in hub._cbs
+            tr.write(b"x" * 64)
+            assert await cp.wait(64) == b"x" * 64
+            assert tr._polled  # type: ignore[attr-defined]
+            assert not watch._live and not watched(watch.live_fd)
+            deadline = time.monotonic() + 5
+            while tr._polled and time.monotonic() < deadline:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.01)
+            assert watch._live and watched(watch.live_fd)
+            tr.write(b"y" * 64)  # hot again: still watched
+            assert await cp.wait(64) == b"y" * 64
+            assert tr._polled and watched(watch.live_fd)  # type: ignore[attr-defined]
+            tr.close()
+            await cp.lost
+            live_fd = watch.live_fd
+            assert live_fd >= 0 and not watched(live_fd)
+
+    run(main())
