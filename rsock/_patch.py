@@ -985,6 +985,10 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
                 sock = _rs._live.get(key[1])
                 if sock is None or (isinstance(fd, _rs.socket) and fd is not sock):
                     return original(self, fd, callback, *args)  # not an rsock fileno()
+                if sock._is_listener():
+                    # exact without the watcher thread (a dup of the
+                    # listener's epoll fd), and never routed: the loop's own
+                    return original(self, fd, callback, *args)
                 rec = _fd_native.get(key)
                 if rec is None or rec.sock is not sock:
                     rec = _fd_native[key] = _Native(sock)

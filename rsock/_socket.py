@@ -640,8 +640,13 @@ class socket:
         if not self._core.loop_fd:
             self._watch(_ll.WATCH_FD)
         fd = _ll.fileno(h)  # made on first use
-        _live[fd] = self
+        if _live.get(fd) is not self:  # (cheaper than setting it again)
+            _live[fd] = self
         return fd
+
+    def _is_listener(self) -> bool:
+        """Listening (on the rsock path)?"""
+        return self._h is not None and self._core.listening
 
     def _loop_watches_fd(self, on: bool) -> None:
         """An event loop watches this connection for its fileno()'s readers

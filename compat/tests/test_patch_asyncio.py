@@ -484,6 +484,62 @@ def test_fileno_readers_and_writers_on_the_loop(kind: str, run: Any) -> None:
     assert woke <= 40, woke
 
 
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_listener_reader_on_the_loop(kind: str, run: Any) -> None:
+    """A reader on a listener's fileno() (tornado's accept handler) runs once
+    per waiting client, level-triggered, and each accept takes one; under
+    the patch the loop watches the listener's fd itself, with nothing of
+    rsock's between (no record, no wrapper per event)."""
+    if kind == "rsock":
+        rsock.patch()
+
+    async def main() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        assert isinstance(listener, rsock.socket) == (kind == "rsock")
+        got: list[bytes] = []
+        done = loop.create_future()
+
+        def on_accept() -> None:
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                return
+            with conn:
+                conn.setblocking(True)
+                got.append(conn.recv(16))
+            if len(got) == 3 and not done.done():
+                done.set_result(None)
+
+        loop.add_reader(listener.fileno(), on_accept)
+        if kind == "rsock":
+            assert (id(loop), listener.fileno()) not in _patch._fd_native
+        clients = []
+        for i in range(3):
+            c = socket.socket()
+            c.connect(listener.getsockname())
+            c.sendall(b"c%d" % i)
+            clients.append(c)
+        await asyncio.wait_for(done, 10)
+        assert loop.remove_reader(listener.fileno()) or not isinstance(
+            loop, asyncio.BaseEventLoop
+        )
+        for c in clients:
+            c.close()
+        listener.close()
+        return got
+
+    try:
+        got = run(main())
+    finally:
+        if kind == "rsock":
+            rsock.unpatch()
+    assert sorted(got) == [b"c0", b"c1", b"c2"]
+
+
 def test_sock_sendfile_falls_back_to_sock_sendall(patched: None, tmp_path: Path) -> None:
     """asyncio's sock_sendfile: os.sendfile cannot write to rsock's fd, so the
     loop falls back to its sock_sendall, the routed one (uvloop has no
