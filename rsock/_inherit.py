@@ -5,11 +5,13 @@ Python process it starts (the start-up hook in ``rsock/_boot``):
 
 * ``RSOCK_RUN=1`` patches a Python process at start-up;
 * ``PYTHONPATH`` begins with ``rsock/_boot`` (its ``sitecustomize`` does it);
-* ``RSOCK_RUN_REPORT=<dir>`` (with ``--report``): each patched process appends
+* ``RSOCK_RUN_REPORT=<dir>`` (with ``--report``): each patched process writes
   what the patch counts (one line per event: a socket made, a connection
-  made or accepted, a routed asyncio call) to ``<dir>/<pid>``, as it happens,
-  so that a process that ends by ``os._exit()`` or a signal is counted too;
-  the top process sums the files into the report when it exits.
+  made or accepted, a routed asyncio call) into ``<dir>/<pid>`` as it
+  happens, through a shared mapping of that file (no system call per
+  event), so that a process that ends by ``os._exit()`` or a signal is
+  counted too; the top process sums the files into the report when it
+  exits.
 
 A ``fork()`` child is patched already (the patch is process memory); it
 starts its own count file and its own in-memory counters.
@@ -18,6 +20,7 @@ starts its own count file and its own in-memory counters.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import sys
@@ -31,38 +34,56 @@ ENV_RUN = "RSOCK_RUN"
 ENV_REPORT = "RSOCK_RUN_REPORT"
 
 _report_dir: str | None = None
-_fd = -1
+_LOG_SIZE = 1 << 16  # a count file's first size (doubled when full)
+_log_map: mmap.mmap | None = None  # this process's count file, mapped shared
+_log_end = 0  # where its next line goes (the rest is zeros)
 
 
 def _open_log() -> None:
-    """This process's count file (O_APPEND: one write per event)."""
-    global _fd
+    """This process's count file, mapped: a line written there is in the
+    file at once (the page cache), whatever way the process ends."""
+    global _log_map, _log_end
     if _report_dir is None:
         return
     try:
-        _fd = os.open(
+        fd = os.open(
             os.path.join(_report_dir, str(os.getpid())),
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+            os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
             0o600,
         )
+        try:
+            os.ftruncate(fd, _LOG_SIZE)
+            _log_map = mmap.mmap(fd, _LOG_SIZE)  # (MAP_SHARED; it keeps a dup of fd)
+        finally:
+            os.close(fd)
+        _log_end = 0
     except OSError as e:
-        _fd = -1
+        _log_map = None
         sys.stderr.write(f"rsock: cannot record this process in the report: {e}\n")
 
 
 def _log(key: str) -> None:
-    if _fd >= 0:
+    """Called with the patch's counting lock held."""
+    global _log_end
+    m = _log_map
+    if m is None:
+        return
+    line = key.encode() + b"\n"
+    end = _log_end + len(line)
+    if end > len(m):
         try:
-            os.write(_fd, key.encode() + b"\n")
-        except OSError:
-            pass
+            m.resize(max(2 * len(m), end))  # (the file grows with it)
+        except (OSError, ValueError):
+            return
+    m[_log_end:end] = line
+    _log_end = end
 
 
 def _after_fork_in_child() -> None:
-    global _fd
-    if _fd >= 0:
-        os.close(_fd)
-        _fd = -1
+    global _log_map
+    if _log_map is not None:
+        _log_map.close()  # (the parent's file: this process counts in its own)
+        _log_map = None
     _patch.reset_counters()
     _open_log()
 
@@ -109,7 +130,7 @@ def tally(directory: str) -> tuple[Counter[str], int]:
     for name in os.listdir(directory):
         try:
             with open(os.path.join(directory, name), encoding="utf-8") as f:
-                lines = f.read().split("\n")
+                lines = f.read().split("\0", 1)[0].split("\n")  # (then zeros)
         except OSError:
             continue
         processes += 1
