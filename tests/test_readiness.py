@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from support import Peers, connected_pair, recv_exact
+from support import FAST_PROVIDER, Peers, connected_pair, recv_exact
 
 Pair = tuple[Any, Any]
 Readable = Callable[[Any, float], bool]
@@ -557,7 +557,10 @@ def test_spinning_recv_leaves_the_watcher_asleep(pair: Pair, transport: str) -> 
     woke = _watcher_switches() - before
     t.join(20)
     if transport == "rsock":
-        assert woke <= n // 10, woke  # (was about 1 per answer)
+        # (was about 1 per answer.  Over verbs in make test-rdma's emulated
+        # guest a round trip now and then outlasts the spin: that recv
+        # sleeps, and the watcher, armed again for the sleep, wakes too)
+        assert woke <= (n // 10 if FAST_PROVIDER == "shm" else n // 4), woke
     _assert_fileno_exact(client, server)
 
 
