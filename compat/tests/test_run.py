@@ -139,11 +139,12 @@ def test_report(tmp_path: Path) -> None:
 
 def test_report_counts_every_way_a_process_ends(tmp_path: Path) -> None:
     """Every event is in the report however its process ended: the top
-    process's 7,000 (more than a count file's first size holds), a fork
-    child's that left by os._exit(), and a fork child's killed by SIGKILL."""
+    process's 12,000 (72 KB of lines: more than a count file's first 64 KiB),
+    a fork child's that left by os._exit(), and a fork child's killed by
+    SIGKILL."""
     code = """
         import os, signal, socket
-        for _ in range(7000):
+        for _ in range(12000):
             socket.socket().close()
         for end in ("exit", "kill"):
             pid = os.fork()
@@ -158,7 +159,7 @@ def test_report_counts_every_way_a_process_ends(tmp_path: Path) -> None:
     report = tmp_path / "r.json"
     proc = rsock_run("run", "--report", str(report), "-c", textwrap.dedent(code), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(report.read_text()) == {"rsock": 7008, "processes": 3}
+    assert json.loads(report.read_text()) == {"rsock": 12008, "processes": 3}
 
 
 # --------------------------------------------------------------------------- the process tree
