@@ -7,11 +7,11 @@ Python process it starts (the start-up hook in ``rsock/_boot``):
 * ``PYTHONPATH`` begins with ``rsock/_boot`` (its ``sitecustomize`` does it);
 * ``RSOCK_RUN_REPORT=<dir>`` (with ``--report``): each patched process writes
   what the patch counts (one line per event: a socket made, a connection
-  made or accepted, a routed asyncio call) into ``<dir>/<pid>`` as it
-  happens, through a shared mapping of that file (no system call per
-  event), so that a process that ends by ``os._exit()`` or a signal is
-  counted too; the top process sums the files into the report when it
-  exits.
+  made or accepted, a routed asyncio call) into a file of its own,
+  ``<dir>/<pid>`` (``<pid>.<n>`` when a pid comes back), as it happens,
+  through a shared mapping of that file (no system call per event), so
+  that a process that ends by ``os._exit()`` or a signal is counted too;
+  the top process sums the files into the report when it exits.
 
 A ``fork()`` child is patched already (the patch is process memory); it
 starts its own count file and its own in-memory counters.
@@ -46,11 +46,19 @@ def _open_log() -> None:
     if _report_dir is None:
         return
     try:
-        fd = os.open(
-            os.path.join(_report_dir, str(os.getpid())),
-            os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-            0o600,
-        )
+        # a file of its own (O_EXCL), also when a pid of the tree comes back
+        pid, n = os.getpid(), 0
+        while True:
+            name = str(pid) if n == 0 else f"{pid}.{n}"
+            try:
+                fd = os.open(
+                    os.path.join(_report_dir, name),
+                    os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                    0o600,
+                )
+                break
+            except FileExistsError:
+                n += 1
         try:
             os.ftruncate(fd, _LOG_SIZE)
             _log_map = mmap.mmap(fd, _LOG_SIZE)  # (MAP_SHARED; it keeps a dup of fd)

@@ -162,6 +162,27 @@ def test_report_counts_every_way_a_process_ends(tmp_path: Path) -> None:
     assert json.loads(report.read_text()) == {"rsock": 12008, "processes": 3}
 
 
+def test_report_count_file_of_a_pid_that_comes_back(tmp_path: Path) -> None:
+    """A process whose pid an earlier process of the tree had (pid reuse)
+    counts into a file of its own: the earlier one's lines stay."""
+    from rsock import _inherit
+
+    saved = _inherit._report_dir, _inherit._log_map, _inherit._log_end
+    try:
+        _inherit._report_dir = str(tmp_path)
+        _inherit._open_log()
+        _inherit._log("connect:shm")
+        _inherit._open_log()  # (as the next process with this pid would)
+        _inherit._log("accept:shm")
+        _inherit._log("accept:shm")
+        counts, processes = _inherit.tally(str(tmp_path))
+    finally:
+        if _inherit._log_map is not None:
+            _inherit._log_map.close()
+        _inherit._report_dir, _inherit._log_map, _inherit._log_end = saved
+    assert (dict(counts), processes) == ({"connect:shm": 1, "accept:shm": 2}, 2)
+
+
 # --------------------------------------------------------------------------- the process tree
 
 TREE = """\
