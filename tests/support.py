@@ -5,6 +5,7 @@ No pytest imports here: ``peer.py`` runs as a plain script in a child process.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,6 +24,36 @@ TESTS_DIR = Path(__file__).resolve().parent
 PEER_SCRIPT = TESTS_DIR / "peer.py"
 FAST_PROVIDER = os.environ.get("RSOCK_PROVIDER") or "shm"  # make test-rdma: "verbs"
 MiB = 1 << 20
+
+
+_HI_PEER_SRC = (
+    "import socket, sys, time\n"
+    "mod = socket\n"
+    "if sys.argv[1] == 'rsock':\n"
+    "    import rsock as mod\n"
+    "s = mod.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+    "print(s.getsockname()[1], flush=True)\n"
+    "c, _ = s.accept(); c.sendall(b'hi')\n"
+    "time.sleep(60)\n"
+)
+
+
+@contextlib.contextmanager
+def hi_peer(transport: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A peer process to kill: it listens on 127.0.0.1 (stdlib or rsock
+    socket, by ``transport``), sends b"hi" to its first client, then sleeps.
+    Yields (process, port); killed and reaped on the way out."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HI_PEER_SRC, transport], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        yield proc, int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def load_sockmod(transport: str) -> ModuleType:

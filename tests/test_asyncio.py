@@ -15,15 +15,13 @@ import random
 import resource
 import signal
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
-from support import FAST_PROVIDER
+from support import FAST_PROVIDER, hi_peer
 
 T = TypeVar("T")
 LOOPS = ["asyncio", "uvloop"]
@@ -319,22 +317,7 @@ def test_abort_and_peer_sees_end(api: SimpleNamespace, run: Any) -> None:
 def test_peer_death_connection_lost_within_a_second(
     api: SimpleNamespace, transport: str, run: Any
 ) -> None:
-    peer_src = (
-        "import socket, sys, time\n"
-        "mod = socket\n"
-        "if sys.argv[1] == 'rsock':\n"
-        "    import rsock as mod\n"
-        "s = mod.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
-        "print(s.getsockname()[1], flush=True)\n"
-        "c, _ = s.accept(); c.sendall(b'hi')\n"
-        "time.sleep(60)\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", peer_src, transport], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline())
+    with hi_peer(transport) as (proc, port):
 
         async def main() -> float:
             tr, cp = await api.create_connection(Collect, "127.0.0.1", port)
@@ -347,11 +330,6 @@ def test_peer_death_connection_lost_within_a_second(
 
         elapsed = run(asyncio.wait_for(main(), 20))
         assert elapsed < 1.0 + 0.25
-    finally:
-        proc.kill()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def test_many_concurrent_clients(api: SimpleNamespace, run: Any) -> None:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import pytest
-from support import FAST_PROVIDER
+from support import FAST_PROVIDER, hi_peer
 
 import rsock
 import rsock.asyncio as ra
@@ -394,18 +394,6 @@ def test_empty_writes(transport: str, run: Any) -> None:
     run(main())
 
 
-_PEER_SRC = (
-    "import socket, sys, time\n"
-    "mod = socket\n"
-    "if sys.argv[1] == 'rsock':\n"
-    "    import rsock as mod\n"
-    "s = mod.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
-    "print(s.getsockname()[1], flush=True)\n"
-    "c, _ = s.accept(); c.sendall(b'hi')\n"
-    "time.sleep(60)\n"
-)
-
-
 @pytest.mark.parametrize("transport", ["tcp", "rsock"])
 def test_peer_death_while_polled(transport: str, run: Any, monkeypatch: Any) -> None:
     """A peer killed while the connection is hot (polled, its liveness fd
@@ -414,17 +402,10 @@ def test_peer_death_while_polled(transport: str, run: Any, monkeypatch: Any) -> 
     the kernel's reset, at once."""
     import os
     import signal
-    import subprocess
-    import sys
 
     budget = 0.5
     monkeypatch.setenv("RSOCK_LOOP_POLL_US", str(int(budget * 1e6)))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _PEER_SRC, transport], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline())
+    with hi_peer(transport) as (proc, port):
 
         async def main() -> float:
             tr, cp = await entry_points(transport)[1](Client, "127.0.0.1", port)
@@ -440,11 +421,6 @@ def test_peer_death_while_polled(transport: str, run: Any, monkeypatch: Any) -> 
 
         elapsed = run(asyncio.wait_for(main(), HANG))
         assert elapsed < budget + 1.0 + 0.25
-    finally:
-        proc.kill()
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def test_liveness_fd_watched_once_cool(run: Any) -> None:
