@@ -145,7 +145,8 @@ def test_write_buffer_kinds(
 
 
 def test_big_transfer_both_ways_sha256(api: SimpleNamespace, transport: str, run: Any) -> None:
-    total = 256 << 20
+    # (make test-rdma runs this over rxe in an emulated guest, ~40 MB/s: less there)
+    total = 256 << 20 if FAST_PROVIDER == "shm" else 32 << 20
     seed = 1234
 
     def chunks(rng: random.Random) -> Any:
