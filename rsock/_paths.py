@@ -64,6 +64,14 @@ _CONFIG_KEYS = tuple(os.environ.encodekey(name) for name in _CONFIG_VARS)
 _config_cache: dict[tuple[Any, ...], tuple[str, _ll.Opts]] = {}
 
 
+def env_raw(key: bytes, name: str) -> Any:
+    """The environment's value of ``name`` as the dict behind ``os.environ``
+    holds it (``key``: ``name`` encoded, ``os.fsencode``), or None:
+    read without ``os.environ.get``'s encode and decode (per connection)."""
+    data = getattr(os.environ, "_data", None)
+    return data.get(key) if type(data) is dict else os.environ.get(name)
+
+
 def provider_config() -> tuple[str, _ll.Opts]:
     """The provider and tunables new sockets get, read from the environment
     (``RSOCK_PROVIDER``, ``RSOCK_RING_SIZE``, ``RSOCK_QDEPTH``,

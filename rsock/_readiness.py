@@ -249,12 +249,14 @@ class Watch:
         elif not interest and self._reading:
             _hub(loop).remove(self.notify_fd, self)
             self._reading = False
-        if not self._live and self.live_fd >= 0 and not self._polled:
+        if not self._polled:
             self._watch_live(loop, on_ready)
 
     def _watch_live(self, loop: Any, on_ready: Callable[[], None]) -> None:
-        _hub(loop).add(self.live_fd, self, self._on_live, loop, on_ready)
-        self._live = True
+        """The loop watches the liveness fd (if not yet, and not gone)."""
+        if not self._live and self.live_fd >= 0:
+            _hub(loop).add(self.live_fd, self, self._on_live, loop, on_ready)
+            self._live = True
 
     def set_polled(self, loop: Any, on_ready: Callable[[], None], on: bool) -> None:
         """Polling mode on: the notify fd is neither armed nor watched (the
@@ -280,7 +282,7 @@ class Watch:
         if not on and self._want:
             _hub(loop).add(self.notify_fd, self, on_ready)
             self._reading = True
-        if not on and self._interest >= 0 and not self._live and self.live_fd >= 0:
+        if not on and self._interest >= 0:  # (armed before: in use)
             self._watch_live(loop, on_ready)
 
     def _on_live(self, loop: Any, on_ready: Callable[[], None]) -> None:

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from rsock import _lowlevel as _ll
+from rsock._paths import env_raw
 from rsock._readiness import POLLIN, POLLOUT, Watch
 from rsock._socket import socket
 
@@ -63,14 +64,13 @@ _MORE_AFTER = 16 * 1024
 _ACCEPT_RETRY_DELAY = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
-_SPIN_ENV = os.fsencode("RSOCK_SPIN_US")  # as os.environ's backing dict holds it
+_SPIN_ENV = os.fsencode("RSOCK_SPIN_US")  # (for _paths.env_raw)
 
 
 def _loop_spin(sock: socket) -> None:
     """No spinning on the loop thread unless the user asked for it (an
     accepted connection has its listener's: set once, on the listener)."""
-    data = getattr(os.environ, "_data", None)  # (its keys encoded: no encode per call)
-    if _SPIN_ENV in data if type(data) is dict else "RSOCK_SPIN_US" in os.environ:
+    if env_raw(_SPIN_ENV, "RSOCK_SPIN_US") is not None:
         return
     h = sock._h
     if h is not None:
@@ -95,8 +95,7 @@ _poll_seen: tuple[Any, int] = (None, _POLL_DEFAULT_US)
 def _loop_poll_us() -> int:
     """``RSOCK_LOOP_POLL_US`` (0 .. 1 s, default 50; 0: no polling)."""
     global _poll_seen
-    data = getattr(os.environ, "_data", None)
-    raw = data.get(_POLL_KEY) if type(data) is dict else os.environ.get(_POLL_ENV)
+    raw = env_raw(_POLL_KEY, _POLL_ENV)
     seen = _poll_seen
     if raw == seen[0]:
         return seen[1]
