@@ -52,6 +52,7 @@ from rsock._tcp import TcpPath, routed
 _fast_send = _ll.fast_send
 _fast_sendall = _ll.fast_sendall
 _fast_recv_into = _ll.fast_recv_into
+_fast_recv_bytes = _ll.fast_recv_bytes
 _release = _ll.release
 
 __all__ = [
@@ -153,6 +154,15 @@ def _timeout_ms(timeout: float | None, deadline: float | None) -> int:
     # C takes an int of milliseconds: one wait is cut to ~24.8 days (the
     # stdlib takes any timeout; a wait that long ends as a timeout here)
     return min(max(1, math.ceil(left * 1000)), _MAX_WAIT_MS)
+
+
+def _wait_ms(timeout: float) -> int:
+    """Milliseconds for C of a timed call that starts now (``_timeout_ms``
+    with the whole timeout left)."""
+    return min(max(1, math.ceil(timeout * 1000)), _MAX_WAIT_MS)
+
+
+_monotonic = time.monotonic
 
 
 def _not_int(v: object) -> str:
@@ -841,6 +851,14 @@ class socket:
     # ------------------------------------------------------------ timeouts
 
     def settimeout(self, value: float | None, /) -> None:
+        if (
+            type(value) is float
+            and 0.0 <= value < 9e9
+            and self._h is not None
+            and self._tcp is None
+        ):
+            self._timeout = value  # (the common case, checked as below)
+            return
         if self._tcp is not None:
             self._timeout = self._tcp.settimeout(value)
             return
@@ -914,11 +932,15 @@ class socket:
             return _timeout_error()
         return self._raise(rc) if detail else _ll.oserror(rc)
 
-    def _call(self, fn: Any, *args: Any) -> int:
+    def _call(
+        self, fn: Any, *args: Any, clock: tuple[float | None, float | None] | None = None
+    ) -> int:
         """Runs ``fn(handle, *args, timeout_ms)`` with the stdlib's timeout
-        and EINTR policy; returns its non-negative result."""
+        and EINTR policy; returns its non-negative result.  ``clock``: the
+        (timeout, deadline) of a call that began earlier (a hot path's
+        first attempt was interrupted), else they start now."""
         h = self._handle()
-        timeout, deadline = self._clock()
+        timeout, deadline = clock or self._clock()
         rc: int = self._attempt(fn, h, args, timeout, deadline)
         if rc >= 0:
             return rc
@@ -1531,62 +1553,87 @@ class socket:
                 f"a bytes-like object is required, not '{type(data).__name__}'"
             ) from None
 
+    # The hot paths of send, sendall, recv and recv_into: no flags, any
+    # timeout (blocking, non-blocking or timed), one call into C.  An
+    # interrupted timed call goes on the long way with the deadline it
+    # had; anything odd goes the long way from the start, which raises
+    # the stdlib's exception.
+
     def send(self, data: Buffer, flags: int = 0, /) -> int:
         h = self._h
-        if h is not None and self._timeout is None and not flags and type(flags) is int:
+        clock = None
+        if h is not None and not flags and type(flags) is int:
+            t = self._timeout
+            start = 0.0 if not t else _monotonic()
             try:
-                rc: int = _fast_send(h.addr, data, -1)
+                rc: int = _fast_send(h.addr, data, -1 if t is None else 0 if not t else _wait_ms(t))
             except (TypeError, BufferError):
                 pass
             else:
                 if rc >= 0:
                     return rc
-                if rc != -_errno.EINTR:
+                if rc != _EINTR:
                     # the engine reports an error once: never ask twice
-                    raise self._raise(rc)
+                    raise self._fail(rc, t)
+                if t:
+                    clock = (t, start + t)
         elif self._tcp is not None:
             return self._tcp.kernel().send(data, flags)
         buf = self._cbuf(data)
         try:
-            return self._call(_ll.send, buf, len(buf), self._flags(flags))
+            return self._call(_ll.send, buf, len(buf), self._flags(flags), clock=clock)
         except BaseException:
             _release(buf)
             raise
 
     def sendall(self, data: Buffer, flags: int = 0, /) -> None:
         h = self._h
-        if h is not None and self._timeout is None and not flags and type(flags) is int:
-            # hot path: blocking, no flags; C sends everything or fails
+        if h is not None and not flags and type(flags) is int:
+            # C sends everything or fails (or is interrupted, or times out)
+            t = self._timeout
+            start = 0.0 if not t else _monotonic()
             try:
-                rc = _fast_sendall(h.addr, data, -1)
+                rc = _fast_sendall(h.addr, data, -1 if t is None else 0 if not t else _wait_ms(t))
             except (TypeError, BufferError):
                 pass
             else:
                 if rc is None:
                     return
-                if rc < 0 and rc != -_errno.EINTR:
-                    raise self._raise(rc)  # reported once: never ask twice
-                # interrupted, or an error stays pending after a partial
-                # send: the slow path resumes after rc bytes
-                self._sendall(data, flags, max(rc, 0))
+                if rc < 0 and rc != _EINTR:
+                    raise self._fail(rc, t)  # reported once: never ask twice
+                # interrupted, or an error (or the timeout) stays pending
+                # after a partial send: the long way resumes after rc bytes
+                self._sendall(data, flags, max(rc, 0), (t, None if not t else start + t))
                 return
         elif self._tcp is not None:
             return self._tcp.kernel().sendall(data, flags)
         self._sendall(data, flags, 0)
 
-    def _sendall(self, data: Buffer, flags: int, done: int) -> None:
+    def _sendall(
+        self,
+        data: Buffer,
+        flags: int,
+        done: int,
+        clock: tuple[float | None, float | None] | None = None,
+    ) -> None:
         buf = self._cbuf(data)
         try:
-            self._sendall_buf(buf, flags, done)
+            self._sendall_buf(buf, flags, done, clock)
         except BaseException:
             _release(buf)
             raise
 
-    def _sendall_buf(self, buf: Any, flags: int, done: int) -> None:
+    def _sendall_buf(
+        self,
+        buf: Any,
+        flags: int,
+        done: int,
+        clock: tuple[float | None, float | None] | None = None,
+    ) -> None:
         f = self._flags(flags)
         n = len(buf)
         h = self._handle()
-        timeout, deadline = self._clock()
+        timeout, deadline = clock or self._clock()
         while done < n or n == 0:
             rc = self._attempt(_ll.send, h, (buf + done, n - done, f), timeout, deadline)
             if rc < 0:
@@ -1665,24 +1712,31 @@ class socket:
 
     def recv(self, bufsize: int, flags: int = 0, /) -> bytes:
         h = self._h
-        if (
-            h is not None
-            and self._timeout is None
-            and not flags
-            and type(flags) is int
-            and type(bufsize) is int
-        ):
+        clock = None
+        if h is not None and not flags and type(flags) is int and type(bufsize) is int:
             if 0 < bufsize <= _SSIZE_MAX:
-                r = _ll.recv_bytes(h, bufsize, 0, -1)
+                t = self._timeout
+                start = 0.0 if not t else _monotonic()
+                r = _fast_recv_bytes(
+                    h.addr, bufsize, -1 if t is None else 0 if not t else _wait_ms(t)
+                )
                 if isinstance(r, bytes):
                     return r
-                if r != -_errno.EINTR:
-                    raise self._raise(r)  # reported once: never ask twice
+                if r != _EINTR:
+                    raise self._fail(r, t)  # reported once: never ask twice
+                if t:
+                    clock = (t, start + t)
         elif self._tcp is not None:
             return self._tcp.kernel().recv(bufsize, flags)
-        return self._recv(bufsize, flags)
+        return self._recv(bufsize, flags, clock=clock)
 
-    def _recv(self, bufsize: int, flags: int, what: str = "recv") -> bytes:
+    def _recv(
+        self,
+        bufsize: int,
+        flags: int,
+        what: str = "recv",
+        clock: tuple[float | None, float | None] | None = None,
+    ) -> bytes:
         bufsize = _c_ssize(bufsize)
         flags = _c_int(flags, True)  # both parsed before the sign is looked at
         if bufsize < 0:
@@ -1693,7 +1747,7 @@ class socket:
             buf = bytearray(bufsize)
             n = self._call(_ll.recv_into, _ll.from_buffer(buf, True), bufsize, f)
             return bytes(buf[:n])
-        timeout, deadline = self._clock()
+        timeout, deadline = clock or self._clock()
         r = self._attempt(_ll.recv_bytes, h, (bufsize, f), timeout, deadline)
         if isinstance(r, bytes):
             return r
@@ -1701,23 +1755,35 @@ class socket:
 
     def recv_into(self, buffer: Buffer, nbytes: int = 0, flags: int = 0) -> int:
         h = self._h
-        if h is not None and self._timeout is None and not flags and type(flags) is int:
-            # hot path: blocking, no flags (anything odd goes the long way,
-            # which raises the stdlib's exception)
+        clock = None
+        if h is not None and not flags and type(flags) is int:
+            t = self._timeout
+            start = 0.0 if not t else _monotonic()
             try:
-                rc: int = _fast_recv_into(h.addr, buffer, -1, nbytes)
+                rc: int = _fast_recv_into(
+                    h.addr, buffer, -1 if t is None else 0 if not t else _wait_ms(t), nbytes
+                )
             except (TypeError, BufferError, ValueError, OverflowError):
                 pass
             else:
                 if rc >= 0:
                     return rc
-                if rc != -_errno.EINTR:
-                    raise self._raise(rc)  # reported once: never ask twice
+                if rc != _EINTR:
+                    raise self._fail(rc, t)  # reported once: never ask twice
+                if t:
+                    clock = (t, start + t)
         elif self._tcp is not None:
             return self._tcp.kernel().recv_into(buffer, nbytes, flags)
-        return self._recv_into(buffer, nbytes, flags)
+        return self._recv_into(buffer, nbytes, flags, clock=clock)
 
-    def _recv_into(self, buffer: Buffer, nbytes: int, flags: int, what: str = "recv_into") -> int:
+    def _recv_into(
+        self,
+        buffer: Buffer,
+        nbytes: int,
+        flags: int,
+        what: str = "recv_into",
+        clock: tuple[float | None, float | None] | None = None,
+    ) -> int:
         buf = self._cbuf(buffer, True, what)
         try:
             # the stdlib's order: the arguments, then their values
@@ -1732,7 +1798,7 @@ class socket:
                 if what == "recvfrom_into":
                     raise ValueError("nbytes is greater than the length of the buffer")
                 raise ValueError("buffer too small for requested bytes")
-            return self._call(_ll.recv_into, buf, nbytes, self._flags(flags))
+            return self._call(_ll.recv_into, buf, nbytes, self._flags(flags), clock=clock)
         except BaseException:
             _release(buf)
             raise
