@@ -911,7 +911,7 @@ def _live_route(key: tuple[int, int]) -> _FdRoute | None:
     stale one, whose socket was closed, and maybe the number came back, is
     dropped: the loop's own way then says what a closed fd gets)."""
     route = _fd_routes.get(key)
-    if route is None or (route.sock is _rs._live.get(key[1]) and route._watch.is_open()):
+    if route is None or (route.sock is _rs.live(key[1]) and route._watch.is_open()):
         return route
     route.set(False, None)
     route.set(True, None)
@@ -922,7 +922,7 @@ def _live_route(key: tuple[int, int]) -> _FdRoute | None:
 def _new_route(loop: Any, fd: int) -> _FdRoute | None:
     """A route for an rsock connection's fileno() on the running ``loop``,
     or None (not a connection, or not the running loop)."""
-    sock = _rs._live.get(fd)
+    sock = _rs.live(fd)
     if sock is None or not _routable(loop) or loop.is_closed():
         return None
     try:
@@ -982,7 +982,7 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
 
                     route.set(writer, asyncio.Handle(callback, args, self, None))
                     return None
-                sock = _rs._live.get(key[1])
+                sock = _rs.live(key[1])
                 if sock is None or (isinstance(fd, _rs.socket) and fd is not sock):
                     return original(self, fd, callback, *args)  # not an rsock fileno()
                 if sock._is_listener():

@@ -54,6 +54,7 @@ _fast_sendall = _ll.fast_sendall
 _fast_recv_into = _ll.fast_recv_into
 _fast_recv_bytes = _ll.fast_recv_bytes
 _release = _ll.release
+_WATCH_FD = _ll.WATCH_FD
 
 __all__ = [
     "socket",
@@ -194,6 +195,8 @@ def _c_int(v: Any, arg: bool = False) -> int:
     """An int argument, with the OverflowError CPython raises converting it
     to a C int (arg: as an argument-tuple "i" field, which converts to a C
     long first: other messages)."""
+    if type(v) is int and -_INT_MAX - 1 <= v <= _INT_MAX:
+        return v
     n = _index(v)
     if -_INT_MAX - 1 <= n <= _INT_MAX:
         return n
@@ -247,6 +250,15 @@ def _release_adopter(fd: int) -> bool:
 # open rsock sockets by fileno() (a dup shares its original's): which rsock
 # socket a proxy object stands for (owner_of)
 _live: weakref.WeakValueDictionary[int, socket] = weakref.WeakValueDictionary()
+# fd -> weak reference, the dict the WeakValueDictionary keeps them in (CPython's
+# weakref.py): a look at it costs no Python call
+_live_refs: dict[int, weakref.ref[socket]] = _live.data  # type: ignore[attr-defined]
+
+
+def live(fd: int) -> socket | None:
+    """The open rsock socket whose fileno() is ``fd`` (``_live.get``)."""
+    r = _live_refs.get(fd)
+    return None if r is None else r()
 
 
 def owner_of(obj: Any) -> socket | None:
@@ -258,7 +270,7 @@ def owner_of(obj: Any) -> socket | None:
         return None
     if not isinstance(fd, int):
         return None
-    sock = _live.get(fd)
+    sock = live(fd)
     h = sock._h if sock is not None else None
     if h is None or _ll.fileno(h) != fd:
         return None
@@ -453,6 +465,7 @@ class _Core:
         "kopts",
         "listen_addr",
         "loop_fd",
+        "fd",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
@@ -487,6 +500,7 @@ class _Core:
         # its first accept: it cannot change after listen()
         self.listen_addr: tuple[Any, ...] | None = None
         self.loop_fd = 0  # event-loop watches of fileno() (socket._loop_watches_fd)
+        self.fd = -1  # fileno(), once made (the same number for the handle's life)
 
     def acquire(self) -> None:
         with self.lock:
@@ -647,10 +661,14 @@ class socket:
         h = self._h
         if h is None:
             return -1 if self._tcp is None else self._tcp.fileno()
-        if not self._core.loop_fd:
-            self._watch(_ll.WATCH_FD)
-        fd = _ll.fileno(h)  # made on first use
-        if _live.get(fd) is not self:  # (cheaper than setting it again)
+        core = self._core
+        if not core.loop_fd and not core.watch & _WATCH_FD:
+            self._watch(_WATCH_FD)
+        fd = core.fd
+        if fd < 0:
+            fd = core.fd = _ll.fileno(h)  # made on first use
+        r = _live_refs.get(fd)
+        if r is None or r() is not self:  # (cheaper than setting it again)
             _live[fd] = self
         return fd
 
