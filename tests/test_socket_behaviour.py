@@ -404,6 +404,68 @@ def test_nonblocking_recv(pair: Pair) -> None:
     assert client.gettimeout() is None
 
 
+@pytest.mark.parametrize("call", ["recv", "recv_into"])
+@pytest.mark.parametrize("timeout", [0.0, 0.2], ids=["nonblocking", "timed"])
+def test_empty_receive_per_mode(pair: Pair, sockmod: ModuleType, call: str, timeout: float) -> None:
+    """Nothing to read: non-blocking raises BlockingIOError (EAGAIN) at once,
+    timed waits its timeout and raises the module's timeout; the data that
+    comes next is read whole (rsock's one-call paths for both modes)."""
+    client, server = pair
+    client.settimeout(timeout)
+    buf = bytearray(16)
+
+    def read() -> bytes:
+        if call == "recv":
+            return bytes(client.recv(16))
+        return bytes(buf[: client.recv_into(buf)])
+
+    started = time.monotonic()
+    with pytest.raises(BlockingIOError if timeout == 0.0 else TimeoutError) as info:
+        read()
+    elapsed = time.monotonic() - started
+    if timeout == 0.0:
+        assert info.value.errno == errno.EAGAIN and elapsed < 0.1
+    else:
+        assert isinstance(info.value, sockmod.timeout) and str(info.value) == "timed out"
+        assert 0.18 <= elapsed < 1.0
+    server.sendall(b"next")
+    client.settimeout(5)
+    assert read() == b"next"
+
+
+@pytest.mark.parametrize("call", ["send", "sendall"])
+@pytest.mark.parametrize("timeout", [0.0, 0.3], ids=["nonblocking", "timed"])
+def test_full_send_per_mode(pair: Pair, sockmod: ModuleType, call: str, timeout: float) -> None:
+    """A peer that reads nothing: sends fill what the connection holds,
+    then non-blocking raises BlockingIOError (EAGAIN), timed the module's
+    timeout after about its timeout; what went is then read whole, in
+    order."""
+    client, server = pair
+    client.settimeout(timeout)
+    chunk = bytes(range(256)) * 256  # 64 KiB
+    sent = 0
+    started = time.monotonic()
+    with pytest.raises(BlockingIOError if timeout == 0.0 else TimeoutError) as info:
+        while sent < 1 << 30:  # (bounded: the buffers hold far less)
+            if call == "send":
+                sent += client.send(chunk)
+            else:
+                client.sendall(chunk)
+                sent += len(chunk)
+            started = time.monotonic()
+    elapsed = time.monotonic() - started
+    if timeout == 0.0:
+        assert info.value.errno == errno.EAGAIN
+    else:
+        assert isinstance(info.value, sockmod.timeout) and str(info.value) == "timed out"
+        assert 0.25 <= elapsed < 1.5
+    assert sent > 0
+    if call == "send":  # (sendall's partial chunk is unknown, as the stdlib's)
+        server.settimeout(10)
+        got = recv_exact(server, sent)
+        assert got == (chunk * (sent // len(chunk) + 1))[:sent]
+
+
 # --------------------------------------------------------------------------- a peer dies
 
 
