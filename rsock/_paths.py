@@ -180,9 +180,12 @@ _ports = random.Random()
 os.register_at_fork(after_in_child=_ports.seed)
 
 
+_PORT_SPAN = PORT_RANGE[1] - PORT_RANGE[0] + 1
+
+
 def pick_port() -> int:
     """A random port of PORT_RANGE (for port_name; a taken one is retried)."""
-    return _ports.randint(*PORT_RANGE)
+    return PORT_RANGE[0] + int(_ports.random() * _PORT_SPAN)
 
 
 _LOCAL_TTL = 1.0  # seconds an is_local answer is reused (addresses rarely move)

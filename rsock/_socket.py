@@ -55,6 +55,7 @@ _fast_recv_into = _ll.fast_recv_into
 _fast_recv_bytes = _ll.fast_recv_bytes
 _release = _ll.release
 _WATCH_FD = _ll.WATCH_FD
+_FAMILY_ENUM = {int(f): f for f in (_std.AF_INET, _std.AF_INET6)}  # (no enum call per socket)
 
 __all__ = [
     "socket",
@@ -558,7 +559,7 @@ class socket:
             raise OSError(_errno.ESOCKTNOSUPPORT, "rsock supports SOCK_STREAM only")
         if proto not in (0, _std.IPPROTO_TCP):
             raise OSError(_errno.EPROTONOSUPPORT, "Protocol not supported")
-        self._family = _std.AddressFamily(family)
+        self._family = _FAMILY_ENUM[family]
         self._proto = proto
         self._provider_name, opts = provider_config()
         self._closed = False
@@ -1497,11 +1498,10 @@ class socket:
             return
         if _expired(rc, self._timeout):
             raise _timeout_error()
-        h = self._h
-        d = self._core.detail or (_ll.detail(h) if h is not None else "")
         if rc in (-_errno.EINPROGRESS, -_errno.EALREADY):
-            d = ""
-        raise _ll.oserror(rc, d)
+            raise _ll.oserror(rc)
+        h = self._h
+        raise _ll.oserror(rc, self._core.detail or (_ll.detail(h) if h is not None else ""))
 
     def _connected_at_once(self) -> bool:
         """After a non-blocking connect's EINPROGRESS: had it completed
