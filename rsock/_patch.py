@@ -800,6 +800,7 @@ class _FdRoute:
         "_polled",
         "_poll_seen",
         "_poll_last",
+        "_poll_budget",
     )
 
     def __init__(self, loop: Any, fd: int, sock: _rs.socket) -> None:
@@ -809,6 +810,7 @@ class _FdRoute:
         self._poller = _rsock_asyncio()._poller_for(loop, sock)  # (ValueError: a bad budget)
         self._polled = self._poll_seen = False
         self._poll_last = 0
+        self._poll_budget = 1 << 62  # (the loop's: routes keep polling as they did)
         self._watch = sock.watch()
         self._watch.start()  # OSError: not a connection
         sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed

@@ -85,6 +85,16 @@ _POLL_SLICE_US = 25  # longest busy-poll between two looks at the loop's other w
 # a loop that came back to the poller later than this ran other callbacks
 # meanwhile (a round of uvloop's with only the poller takes ~2 µs here)
 _POLL_GAP_NS = 8_000
+# A connection polls for at most its own budget after its last activity,
+# RSOCK_LOOP_POLL_US to start with: halved each time something comes after a
+# quiet spell longer than twice RSOCK_LOOP_POLL_US (a peer that slow gains
+# nothing from our polling: a synchronous client that thinks between
+# requests), raised to twice a shorter spell, up to RSOCK_LOOP_POLL_US (a
+# spell seen by a connection that was not polled includes the wake-up that
+# polling saves); below _POLL_MIN_NS it is not polled (the loop's readers
+# wake it) until a shorter spell comes.
+_POLL_MIN_NS = 5_000
+_POLL_UNSET = 1 << 62  # (a new connection's budget: the loop's)
 
 
 _POLL_KEY = os.fsencode(_POLL_ENV)
@@ -124,6 +134,7 @@ class _Pollable(Protocol):
     _polled: bool  # hot: in the poller, the engine's polling mode on
     _poll_seen: bool  # active since the poller's last sweep
     _poll_last: int  # when last seen active (monotonic ns)
+    _poll_budget: int  # how long it is polled after its last activity (ns)
 
     def _on_ready(self) -> None: ...
 
@@ -162,10 +173,26 @@ class _LoopPoller:
             ready if isinstance(ready, collections.deque) else None
         )
 
-    def touch(self, tr: _Pollable) -> None:
-        """``tr`` was active and is not hot: it is now."""
+    def touch(self, tr: _Pollable, came: bool = False) -> None:
+        """``tr`` was active and is not hot: it is now, unless its budget
+        fell below _POLL_MIN_NS.  ``came``: the activity is something that
+        came (the loop's reader woke it), which ends a quiet spell: its
+        length adapts the budget."""
+        now = time.monotonic_ns()
+        b = tr._poll_budget
+        if b > self._budget_ns:
+            b = self._budget_ns
+        if came and tr._poll_last:
+            quiet = now - tr._poll_last
+            if quiet > 2 * self._budget_ns:
+                b >>= 1
+            else:
+                b = min(self._budget_ns, max(b, 2 * quiet, _POLL_MIN_NS))
+        tr._poll_budget = b
+        tr._poll_last = now
+        if b < _POLL_MIN_NS:
+            return
         tr._polled = tr._poll_seen = True
-        tr._poll_last = time.monotonic_ns()
         self._hot.append(tr)
         self._set = None
         self._snap = ()
@@ -198,7 +225,7 @@ class _LoopPoller:
             if tr._poll_seen:
                 tr._poll_seen = False
                 tr._poll_last = now
-            elif now - tr._poll_last >= self._budget_ns:
+            elif now - tr._poll_last >= tr._poll_budget:
                 self._cool(tr)
 
     def _run(self) -> None:
@@ -308,6 +335,7 @@ class RsockTransport(transports._FlowControlMixin):
         self._polled = False  # hot in the poller (the engine's polling mode)
         self._poll_seen = False  # active since the poller's last sweep
         self._poll_last = 0
+        self._poll_budget = _POLL_UNSET
         if server is not None:
             server._attach()
         self._loop.call_soon(self._connection_made, waiter)
@@ -368,7 +396,7 @@ class RsockTransport(transports._FlowControlMixin):
         if self._polled:
             self._poll_seen = True
         elif self._poller is not None:
-            self._poller.touch(self)  # poll for a while before sleeping again
+            self._poller.touch(self, True)  # poll for a while before sleeping again
         if self._buffer:
             self._flush()  # may lose the connection or empty the buffer
             if self._lost():

@@ -439,6 +439,7 @@ def test_liveness_fd_watched_once_cool(run: Any) -> None:
             def watched(fd: int) -> bool:  # by the loop's hub (made at its first fd)
                 hub = getattr(loop, "_rsock_hub", None)
                 return hub is not None and fd in hub._cbs
+
             tr.write(b"x" * 64)
             assert await cp.wait(64) == b"x" * 64
             assert tr._polled  # type: ignore[attr-defined]
@@ -454,5 +455,55 @@ def test_liveness_fd_watched_once_cool(run: Any) -> None:
             await cp.lost
             live_fd = watch.live_fd
             assert live_fd >= 0 and not watched(live_fd)
+
+    run(main())
+
+
+def test_polling_budget_follows_the_peer(run: Any, monkeypatch: Any) -> None:
+    """A connection whose peer talks only after quiet spells longer than
+    twice the budget (a synchronous client thinking between requests) is
+    polled for less and less after each, then not at all (the loop's
+    reader wakes it; no CPU burnt on it); when the peer talks quickly
+    again it is polled again."""
+    if FAST_PROVIDER != "shm":
+        pytest.skip("the loop polls shm connections only")
+    budget_us = 2000
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", str(budget_us))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        got: list[Any] = []
+
+        class Server(Echo):
+            def connection_made(self, transport: Any) -> None:
+                super().connection_made(transport)
+                got.append(transport)
+
+        server, port = await start_server("rsock", Server)
+        async with server:
+            tr, cp = await ra.create_connection(Client, "127.0.0.1", port)
+            poller = loop._rsock_poller  # type: ignore[attr-defined]
+            tr.write(b"hello")
+            assert await cp.wait(5) == b"hello"
+            st = got[0]
+            budgets = []
+            for _ in range(12):  # quiet spells of 10 ms, 5x the budget
+                await asyncio.sleep(0.010)
+                tr.write(b"x")
+                assert await cp.wait(1) == b"x"
+                budgets.append(st._poll_budget)
+            assert budgets[0] < budget_us * 1000, budgets
+            assert all(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:], strict=False)), budgets
+            assert budgets[-1] < 5_000, budgets
+            await asyncio.sleep(0.010)
+            tr.write(b"y")
+            assert await cp.wait(1) == b"y"
+            assert st not in poller._hot  # woken by its reader, not polled
+            for _ in range(20):  # quick round trips: the spells are short again
+                tr.write(b"z")
+                assert await cp.wait(1) == b"z"
+            assert st._poll_budget >= 5_000 and st in poller._hot
+            tr.close()
+            await cp.lost
 
     run(main())
