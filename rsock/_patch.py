@@ -801,6 +801,7 @@ class _FdRoute:
         "_poll_seen",
         "_poll_last",
         "_poll_budget",
+        "_poll_long",
     )
 
     def __init__(self, loop: Any, fd: int, sock: _rs.socket) -> None:
@@ -811,6 +812,7 @@ class _FdRoute:
         self._polled = self._poll_seen = False
         self._poll_last = 0
         self._poll_budget = 1 << 62  # (the loop's: routes keep polling as they did)
+        self._poll_long = 0
         self._watch = sock.watch()
         self._watch.start()  # OSError: not a connection
         sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed

@@ -86,13 +86,14 @@ _POLL_SLICE_US = 25  # longest busy-poll between two looks at the loop's other w
 # meanwhile (a round of uvloop's with only the poller takes ~2 µs here)
 _POLL_GAP_NS = 8_000
 # A connection polls for at most its own budget after its last activity,
-# RSOCK_LOOP_POLL_US to start with: halved each time something comes after a
-# quiet spell longer than twice RSOCK_LOOP_POLL_US (a peer that slow gains
-# nothing from our polling: a synchronous client that thinks between
-# requests), raised to twice a shorter spell, up to RSOCK_LOOP_POLL_US (a
-# spell seen by a connection that was not polled includes the wake-up that
-# polling saves); below _POLL_MIN_NS it is not polled (the loop's readers
-# wake it) until a shorter spell comes.
+# RSOCK_LOOP_POLL_US to start with: halved when something comes after a
+# second quiet spell in a row longer than twice RSOCK_LOOP_POLL_US, with
+# nothing caught by polling in between (a peer that slow gains nothing from
+# our polling: a synchronous client that thinks between requests; one slow
+# answer, as a handshake's, is not a tempo), raised to twice a shorter
+# spell, up to RSOCK_LOOP_POLL_US (a spell seen by a connection that was
+# not polled includes the wake-up that polling saves); below _POLL_MIN_NS
+# it is not polled (the loop's readers wake it) until a shorter spell comes.
 _POLL_MIN_NS = 5_000
 _POLL_UNSET = 1 << 62  # (a new connection's budget: the loop's)
 
@@ -135,6 +136,7 @@ class _Pollable(Protocol):
     _poll_seen: bool  # active since the poller's last sweep
     _poll_last: int  # when last seen active (monotonic ns)
     _poll_budget: int  # how long it is polled after its last activity (ns)
+    _poll_long: int  # long quiet spells in a row, nothing caught by polling since
 
     def _on_ready(self) -> None: ...
 
@@ -185,8 +187,11 @@ class _LoopPoller:
         if came and tr._poll_last:
             quiet = now - tr._poll_last
             if quiet > 2 * self._budget_ns:
-                b >>= 1
+                tr._poll_long += 1
+                if tr._poll_long > 1:
+                    b >>= 1
             else:
+                tr._poll_long = 0
                 b = min(self._budget_ns, max(b, 2 * quiet, _POLL_MIN_NS))
         tr._poll_budget = b
         tr._poll_last = now
@@ -247,6 +252,7 @@ class _LoopPoller:
             now = self._last_end = time.monotonic_ns()
             for i in ready:
                 snap[i]._poll_seen = True
+                snap[i]._poll_long = 0  # polling caught something
             if now - self._swept >= self._sweep_ns:
                 self._sweep(now)
             for i in ready:
@@ -336,6 +342,7 @@ class RsockTransport(transports._FlowControlMixin):
         self._poll_seen = False  # active since the poller's last sweep
         self._poll_last = 0
         self._poll_budget = _POLL_UNSET
+        self._poll_long = 0
         if server is not None:
             server._attach()
         self._loop.call_soon(self._connection_made, waiter)

@@ -462,7 +462,7 @@ def test_liveness_fd_watched_once_cool(run: Any) -> None:
 def test_polling_budget_follows_the_peer(run: Any, monkeypatch: Any) -> None:
     """A connection whose peer talks only after quiet spells longer than
     twice the budget (a synchronous client thinking between requests) is
-    polled for less and less after each, then not at all (the loop's
+    polled for less and less after each from the second on, then not at all (the loop's
     reader wakes it; no CPU burnt on it); when the peer talks quickly
     again it is polled again."""
     if FAST_PROVIDER != "shm":
@@ -492,7 +492,8 @@ def test_polling_budget_follows_the_peer(run: Any, monkeypatch: Any) -> None:
                 tr.write(b"x")
                 assert await cp.wait(1) == b"x"
                 budgets.append(st._poll_budget)
-            assert budgets[0] < budget_us * 1000, budgets
+            # one long spell is not a tempo (a handshake's slow answer)
+            assert budgets[0] == budget_us * 1000 > budgets[1], budgets
             assert all(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:], strict=False)), budgets
             assert budgets[-1] < 5_000, budgets
             await asyncio.sleep(0.010)
