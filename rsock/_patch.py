@@ -811,7 +811,7 @@ class _FdRoute:
         self._poller = _rsock_asyncio()._poller_for(loop, sock)  # (ValueError: a bad budget)
         self._polled = self._poll_seen = False
         self._poll_last = 0
-        self._poll_budget = 1 << 62  # (the loop's: routes keep polling as they did)
+        self._poll_budget = _rsock_asyncio()._POLL_UNSET  # (the loop's: never adapted)
         self._poll_long = 0
         self._watch = sock.watch()
         self._watch.start()  # OSError: not a connection
