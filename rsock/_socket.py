@@ -153,14 +153,13 @@ def _timeout_ms(timeout: float | None, deadline: float | None) -> int:
     left = deadline - time.monotonic()
     if left <= 0:
         return 1  # expire in C, so data already there is still taken
-    # C takes an int of milliseconds: one wait is cut to ~24.8 days (the
-    # stdlib takes any timeout; a wait that long ends as a timeout here)
-    return min(max(1, math.ceil(left * 1000)), _MAX_WAIT_MS)
+    return _wait_ms(left)
 
 
 def _wait_ms(timeout: float) -> int:
-    """Milliseconds for C of a timed call that starts now (``_timeout_ms``
-    with the whole timeout left)."""
+    """Milliseconds for C of a wait of ``timeout`` seconds (> 0) from now.
+    C takes an int of milliseconds: one wait is cut to ~24.8 days (the
+    stdlib takes any timeout; a wait that long ends as a timeout here)."""
     return min(max(1, math.ceil(timeout * 1000)), _MAX_WAIT_MS)
 
 
