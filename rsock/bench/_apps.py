@@ -96,6 +96,8 @@ CASES = (
             ("websockets_server.py",), "websockets_client.py", "small"),
     AppCase("websockets-1mib", "websockets 1 MiB echo", "MB/s", ("websockets",),
             ("websockets_server.py",), "websockets_client.py", "big"),
+    AppCase("websockets-1mib-raw", "websockets 1 MiB echo, compression=None", "MB/s",
+            ("websockets",), ("websockets_server.py", "raw"), "websockets_client.py", "bigraw"),
     AppCase("websockets-newconn", "websockets new connection per 64 B message", "conn/s",
             ("websockets",), ("websockets_server.py",), "websockets_client.py", "newconn"),
 )  # fmt: skip

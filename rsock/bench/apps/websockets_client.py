@@ -1,7 +1,9 @@
 """A websockets client, as its documentation shows (no rsock import).
 
 ``websockets_client.py PORT MODE SECONDS WARMUP``; MODE: small (64-byte binary
-messages) or big (1 MiB), each echoed by the server before the next is sent, or newconn
+messages), big (1 MiB) or bigraw (1 MiB, per-message compression off: ``compression=None``
+on both sides, as websockets' documentation says to do for data that does not compress;
+the server runs with ``raw`` then), each echoed by the server before the next is sent, or newconn
 (a new connection per 64-byte message: opening handshake, one echo, closing handshake).  Runs
 WARMUP seconds, then SECONDS seconds, and prints one JSON line: messages, bytes
 (one direction), elapsed."""
@@ -52,7 +54,9 @@ async def main(port: int, mode: str, seconds: float, warmup: float) -> None:
         print(json.dumps(await newconn(port, BIG[:64], seconds)), flush=True)
         return
     message = BIG[:64] if mode == "small" else BIG
-    async with connect(f"ws://127.0.0.1:{port}", max_size=4 * 1024 * 1024) as ws:
+    compression = None if mode == "bigraw" else "deflate"
+    url = f"ws://127.0.0.1:{port}"
+    async with connect(url, max_size=4 * 1024 * 1024, compression=compression) as ws:
         await loop(ws, message, warmup)
         result = await loop(ws, message, seconds)
     print(json.dumps(result), flush=True)
