@@ -79,7 +79,13 @@ def _loop_spin(sock: socket) -> None:
 
 
 _POLL_ENV = "RSOCK_LOOP_POLL_US"
-_POLL_DEFAULT_US = 50  # as the engine's default spin of a blocking call
+# A little more than a synchronous Python client takes between requests (an
+# httpx client against uvicorn: 200-250 us here), so a busy connection is
+# polled through that gap (no wake-up per request; session 19: uvicorn+httpx
+# keep-alive 1.05x-1.09x -> 1.25x-1.37x TCP, aiohttp and websockets new
+# connections ~1.25x -> ~1.5x); peers slower than twice that stop being
+# polled (the budget adapts, below), and an idle loop burns nothing.
+_POLL_DEFAULT_US = 250
 _POLL_MAX_US = 1_000_000
 _POLL_SLICE_US = 25  # longest busy-poll between two looks at the loop's other work
 # a loop that came back to the poller later than this ran other callbacks
@@ -104,7 +110,7 @@ _poll_seen: tuple[Any, int] = (None, _POLL_DEFAULT_US)
 
 
 def _loop_poll_us() -> int:
-    """``RSOCK_LOOP_POLL_US`` (0 .. 1 s, default 50; 0: no polling)."""
+    """``RSOCK_LOOP_POLL_US`` (0 .. 1 s, default 250; 0: no polling)."""
     global _poll_seen
     raw = env_raw(_POLL_KEY, _POLL_ENV)
     seen = _poll_seen
