@@ -54,3 +54,36 @@ def test_apps_tornado_round_trips_both_sides_fast_path(tmp_path: Path) -> None:
     assert doc["config"]["rsock_fallback"] == "strict"
     assert doc["env"]["versions"]["tornado"]
     assert doc["env"]["cpu_model"] and doc["env"]["python"]
+
+
+@pytest.mark.timeout_s(150)
+def test_apps_dask_worker_to_worker_every_connection_on_shm(tmp_path: Path) -> None:
+    """The dask cases: a LocalCluster (scheduler, nannies, two spawned
+    workers) under ``rsock run`` and a Client per rep; a 64 MB array made on
+    one worker crosses to the other (checked by checksum in the program).
+    Every connection of the process tree, made and accepted, is on shm."""
+    # make test installs the compat extra (distributed, numpy): never skipped
+    assert importlib.util.find_spec("distributed") is not None
+    out = tmp_path / "apps.json"
+    pin = ["--pin", "none"] if len(os.sched_getaffinity(0)) < 2 else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RSOCK_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock.bench", "apps", "--quick", "--cases", "dask-w2w",
+         "--rep-time", "0.2", "--warmup", "0.1", "--timeout", "60", "--json", str(out), *pin],
+        cwd=tmp_path, capture_output=True, text=True, timeout=140, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [case] = json.loads(out.read_text())["cases"]
+    assert case["case"] == "dask-w2w" and case["status"] == "ok", case
+    for transport in ("tcp", "rsock"):
+        samples = case["samples"][transport]
+        assert len(samples) == 2, samples
+        assert all(s["count"] > 0 and s["bytes"] == s["count"] * (64 << 20) for s in samples)
+    assert case["fast_path"] is True
+    server, clients = case["reports"]["server"], case["reports"]["client"]
+    for counts in [server, *clients]:
+        assert not [k for k in counts if k.endswith(":tcp")], counts
+    assert server["processes"] >= 3, server  # the scheduler's process and two workers
+    made = server.get("connect:shm", 0) + sum(c.get("connect:shm", 0) for c in clients)
+    assert all(c.get("connect:shm", 0) > 0 for c in clients), clients
+    assert server.get("accept:shm", 0) == made, (server, clients)

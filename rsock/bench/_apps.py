@@ -50,7 +50,7 @@ APPS = Path(__file__).resolve().with_name("apps")
 BOOT = Path(__file__).resolve().parents[1] / "_boot"  # rsock run's start-up hook directory
 TRANSPORTS = ("tcp", "rsock")
 FRAMEWORKS = ("aiohttp", "uvicorn", "uvloop", "httpx", "h11", "httptools", "tornado",
-              "websockets")  # fmt: skip
+              "websockets", "distributed", "numpy")  # fmt: skip
 FAST = ("shm", "verbs")
 EXIT_FAILED = 1
 
@@ -100,6 +100,10 @@ CASES = (
             ("websockets",), ("websockets_server.py", "raw"), "websockets_client.py", "bigraw"),
     AppCase("websockets-newconn", "websockets new connection per 64 B message", "conn/s",
             ("websockets",), ("websockets_server.py",), "websockets_client.py", "newconn"),
+    AppCase("dask-scatter", "dask.distributed scatter of 64 MB to a worker", "MB/s",
+            ("distributed", "numpy"), ("dask_server.py",), "dask_client.py", "scatter"),
+    AppCase("dask-w2w", "dask.distributed 64 MB from worker to worker", "MB/s",
+            ("distributed", "numpy"), ("dask_server.py",), "dask_client.py", "w2w"),
 )  # fmt: skip
 BY_NAME = {c.name: c for c in CASES}
 
