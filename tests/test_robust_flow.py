@@ -278,6 +278,61 @@ def test_blocked_calls_do_not_burn_cpu(
         listener.close()
 
 
+@pytest.mark.timeout_s(60)
+def test_blocking_spin_follows_the_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocking recv spins at most RSOCK_SPIN_US before it sleeps, and less on a
+    connection whose answers take longer than twice that: from the second such
+    wait on, each halves the spin, until the call sleeps at once (no CPU burnt
+    while it waits for a slow peer); answers that come within the budget again
+    make it spin again, and the spin then catches them.  (rsock only: a kernel
+    socket never spins.)"""
+    import rsock
+
+    monkeypatch.setenv("RSOCK_SPIN_US", "20000")  # 20 ms: a spin's CPU time shows
+    client, server = connected_pair(rsock)
+    delays = {b"s": 0.060, b"m": 0.004, b"q": 0.0}
+
+    def serve() -> None:
+        while True:
+            b = server.recv(1)
+            if not b:
+                return
+            time.sleep(delays[b])
+            server.sendall(b)
+
+    peer = Background(serve, "answer")
+    try:
+
+        def wait(kind: bytes) -> float:
+            """One request; the CPU time of the wait for its answer."""
+            client.sendall(kind)
+            cpu0 = time.thread_time()
+            assert client.recv(1) == kind
+            return time.thread_time() - cpu0
+
+        slow = [wait(b"s") for _ in range(14)]  # answers after 60 ms: 3x the budget
+        print("\nCPU ms per slow wait:", [round(c * 1000, 1) for c in slow])
+        # the first two spin the whole budget (one slow answer is not a tempo),
+        # then each spins half the one before; the last sleeps at once
+        assert slow[0] > 0.012 and slow[1] > 0.012, slow
+        assert 0.002 < slow[2] < 0.016 and slow[6] < slow[2], slow
+        assert slow[-1] < 0.002, slow
+        for _ in range(20):  # quick answers: waits far shorter than the budget
+            wait(b"q")
+        medium = [wait(b"m") for _ in range(2)]  # answers after 4 ms
+        sleeps = client.stats()["sleeps"]
+        medium += [wait(b"m") for _ in range(4)]
+        print("CPU ms per 4 ms wait:", [round(c * 1000, 1) for c in medium])
+        # the budget grew to twice such a wait: the spin catches the answer
+        # (it spins until it comes, and the call does not sleep)
+        assert client.stats()["sleeps"] - sleeps <= 1
+        assert sum(c > 0.002 for c in medium[2:]) >= 3, medium
+    finally:
+        client.close()
+        peer.result(timeout=10)
+        server.close()
+
+
 def asyncio_idle(transport: str) -> None:
     import asyncio
 

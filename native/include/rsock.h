@@ -60,7 +60,8 @@ struct rsk_opts {
 	uint32_t ring_size;  /* receive ring bytes, power of two */
 	uint32_t qdepth;     /* receive slots (message credits) and send queue */
 	uint32_t inline_max; /* sends up to this size go inline */
-	uint32_t spin_us;    /* busy-poll this long before sleeping */
+	uint32_t spin_us;    /* busy-poll at most this long before sleeping
+			      * (less for a connection whose waits are long) */
 };
 
 /* An IPv4/IPv6 endpoint as carried in the handshake (network byte order

@@ -105,6 +105,10 @@ int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o)
 	} else {
 		s->opts = n;
 	}
+	if (!rc) {
+		s->spin_ns = -1; /* the new opts.spin_us, to start with */
+		s->spin_long = 0;
+	}
 	eng_leave(s);
 	return rc;
 }
@@ -277,16 +281,58 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
 	return r < 0 && e == EINTR ? -EINTR : 0;
 }
 
+/* Shorter spin budgets are not spun at all (eng_spin_adapt). */
+#define SPIN_MIN_NS 5000ll
+
+/*
+ * A blocking call's spin adapts to how long this connection's waits take,
+ * as an event loop's polling does (rsock/asyncio.py, _LoopPoller.touch):
+ * a wait that ended after `waited` ns (spin, sleep and wake-up included)
+ * raises the budget to twice that, at most opts.spin_us, unless it took
+ * longer than twice opts.spin_us: the second such wait in a row halves
+ * the budget, and below SPIN_MIN_NS the call sleeps at once (a peer that
+ * slow gains nothing from a spin: an idle keep-alive connection, a slow
+ * server), until a quicker wait comes.  One slow answer is not a tempo.
+ */
+static void eng_spin_adapt(rsk_sock *s, int64_t waited)
+{
+	int64_t cap = (int64_t)s->opts.spin_us * 1000;
+	int64_t b = s->spin_ns < 0 || s->spin_ns > cap ? cap : s->spin_ns;
+
+	if (waited > 2 * cap) {
+		if (++s->spin_long > 1)
+			b /= 2;
+	} else {
+		s->spin_long = 0;
+		if (b < 2 * waited)
+			b = 2 * waited;
+		if (b < SPIN_MIN_NS)
+			b = SPIN_MIN_NS;
+		if (b > cap)
+			b = cap;
+	}
+	s->spin_ns = b;
+}
+
+/* The spin a blocking call on s starts with (ns; 0: none). */
+static int64_t eng_spin_budget(const rsk_sock *s)
+{
+	int64_t cap = (int64_t)s->opts.spin_us * 1000;
+	int64_t b = s->spin_ns < 0 || s->spin_ns > cap ? cap : s->spin_ns;
+
+	return b < SPIN_MIN_NS ? 0 : b;
+}
+
 /*
  * Wait until ready(s), with s->lock held on entry and exit.  Spins for
- * opts.spin_us first (polling the CQ, yielding the CPU between polls so a
- * peer on the same core can run), then arms, re-polls and sleeps.
- * Returns 0 when ready, -EAGAIN (non-blocking), -ETIMEDOUT, -EINTR or
- * -EBADF (closed meanwhile).
+ * the connection's budget first (eng_spin_budget: at most opts.spin_us;
+ * polling the CQ, yielding the CPU between polls so a peer on the same
+ * core can run), then arms, re-polls and sleeps.  Returns 0 when ready,
+ * -EAGAIN (non-blocking), -ETIMEDOUT, -EINTR or -EBADF (closed meanwhile).
  */
 static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 {
-	int64_t spin_end = 0, sig_look = 0;
+	int64_t spin_end = 0, sig_look = 0, t0 = 0;
 	int sigfd = eng_my_sigfd();
 	struct eng_pollset w;
 	int n, live, rc, kfd, muted;
@@ -295,8 +341,11 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 		eng_progress(s);
 		if (s->closed)
 			return -EBADF;
-		if (ready(s))
+		if (ready(s)) {
+			if (t0 && s->kind == K_CONN)
+				eng_spin_adapt(s, eng_now_ns() - t0);
 			return 0;
+		}
 		if (nb || (deadline >= 0 && eng_now_ns() >= deadline)) {
 			/* before giving up: did the peer vanish meanwhile?  In
 			 * watch mode only when our notify fd cannot be what
@@ -306,13 +355,19 @@ static int eng_wait(rsk_sock *s, eng_pred ready, int64_t deadline, int nb)
 			    eng_poll_live(s) &&
 			    ready(s))
 				return 0;
+			if (t0 && s->kind == K_CONN) /* (a timed wait's end) */
+				eng_spin_adapt(s, eng_now_ns() - t0);
 			return nb ? -EAGAIN : -ETIMEDOUT;
 		}
+		if (!t0)
+			t0 = eng_now_ns();
+		if (s->kind == K_CONN && !spin_end && !eng_spin_budget(s))
+			spin_end = -1; /* no spin for this connection now */
 		if (s->kind == K_CONN && s->opts.spin_us && spin_end >= 0) {
 			int64_t now = eng_now_ns();
 
 			if (!spin_end) {
-				spin_end = now + (int64_t)s->opts.spin_us * 1000;
+				spin_end = now + eng_spin_budget(s);
 				sig_look = now + SPIN_SIG_LOOK_NS;
 				if (s->wslot >= 0 && !s->fd_waiter)
 					/* This thread takes in what comes while

@@ -59,6 +59,12 @@ struct rsk_sock {
 	unsigned fork_pgen; /* connection that crossed a fork is shared */
 	uint32_t creator;   /* pid that connected/accepted it */
 	struct rsk_opts opts;
+	/* A blocking call's spin (eng_wait): this connection's budget in ns,
+	 * at most opts.spin_us (-1: that; set again with the opts), adapted
+	 * to how long its waits take (eng_spin_adapt); spin_long: waits in a
+	 * row longer than twice opts.spin_us. */
+	int64_t spin_ns;
+	int spin_long;
 	char detail[160];
 
 	/* listener: at most one per connection manager, ls[i] cm_managers[i]'s

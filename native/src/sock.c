@@ -38,7 +38,10 @@ void rsk_opts_default(struct rsk_opts *o)
 	o->ring_size = 8u << 20;
 	o->qdepth = 256;
 	o->inline_max = 256;
-	o->spin_us = 50;
+	/* a blocking call's spin before it sleeps, at most (adapted per
+	 * connection: eng_spin_adapt): a little more than a Python server
+	 * takes to answer a small request here (100-200 us) */
+	o->spin_us = 250;
 }
 
 int rsk_opts_check(struct rsk_opts *o)
@@ -88,6 +91,7 @@ int rsk_socket(rsk_sock **out)
 	pthread_mutex_init(&s->lock, NULL);
 	s->live_fd = -1;
 	s->waiter_kfd = -1;
+	s->spin_ns = -1;
 	s->xfd = -1;
 	s->interest = RSK_POLLIN;
 	rsk_opts_default(&s->opts);
