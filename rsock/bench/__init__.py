@@ -596,7 +596,7 @@ def mode_text(opts: Options) -> str:
             f"mode=RSOCK_SPIN_US={os.environ.get('RSOCK_SPIN_US')} "
             f"RSOCK_LOOP_POLL_US={os.environ.get('RSOCK_LOOP_POLL_US')} (from the environment)"
         )
-    spin = "default, 50" if opts.spin_us is None else str(opts.spin_us)
+    spin = "default: at most 250" if opts.spin_us is None else str(opts.spin_us)
     return f"mode={opts.mode} (RSOCK_SPIN_US and RSOCK_LOOP_POLL_US {spin} {micro()})"
 
 
