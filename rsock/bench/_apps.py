@@ -50,7 +50,7 @@ APPS = Path(__file__).resolve().with_name("apps")
 BOOT = Path(__file__).resolve().parents[1] / "_boot"  # rsock run's start-up hook directory
 TRANSPORTS = ("tcp", "rsock")
 FRAMEWORKS = ("aiohttp", "uvicorn", "uvloop", "httpx", "h11", "httptools", "tornado",
-              "websockets", "distributed", "numpy")  # fmt: skip
+              "websockets", "requests", "distributed", "numpy")  # fmt: skip
 FAST = ("shm", "verbs")
 EXIT_FAILED = 1
 
@@ -88,6 +88,12 @@ CASES = (
             ("uvicorn", "uvloop", "httpx"), UVICORN, "httpx_client.py", "newconn"),
     AppCase("uvicorn-1mib", "uvicorn(uvloop)+httpx 1 MiB GET", "MB/s",
             ("uvicorn", "uvloop", "httpx"), UVICORN, "httpx_client.py", "big"),
+    AppCase("requests-keepalive", "http.server (threads) + requests keep-alive small GET",
+            "req/s", ("requests",), ("http_server.py",), "requests_client.py", "keepalive"),
+    AppCase("requests-newconn", "http.server (threads) + requests new-connection small GET",
+            "req/s", ("requests",), ("http_server.py",), "requests_client.py", "newconn"),
+    AppCase("requests-1mib", "http.server (threads) + requests 1 MiB GET", "MB/s",
+            ("requests",), ("http_server.py",), "requests_client.py", "big"),
     AppCase("tornado-rtt", "tornado TCPServer/IOStream 64 B round trips", "RT/s",
             ("tornado",), ("tornado_server.py",), "tornado_client.py", "rtt"),
     AppCase("tornado-newconn", "tornado new connection per 64 B round trip", "conn/s",
