@@ -87,3 +87,36 @@ def test_apps_dask_worker_to_worker_every_connection_on_shm(tmp_path: Path) -> N
     made = server.get("connect:shm", 0) + sum(c.get("connect:shm", 0) for c in clients)
     assert all(c.get("connect:shm", 0) > 0 for c in clients), clients
     assert server.get("accept:shm", 0) == made, (server, clients)
+
+
+@pytest.mark.timeout_s(150)
+def test_apps_requests_thread_per_connection_server(tmp_path: Path) -> None:
+    """http.server's ThreadingHTTPServer (blocking sockets, a thread per
+    connection) and requests, keep-alive and a new connection per request:
+    both sides of every rsock rep on shm, the bodies checked by the client."""
+    assert importlib.util.find_spec("requests") is not None  # the compat extra
+    out = tmp_path / "apps.json"
+    pin = ["--pin", "none"] if len(os.sched_getaffinity(0)) < 2 else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RSOCK_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock.bench", "apps", "--quick", "--cases",
+         "requests-keepalive,requests-newconn", "--rep-time", "0.2", "--warmup", "0.1",
+         "--timeout", "30", "--json", str(out), *pin],
+        cwd=tmp_path, capture_output=True, text=True, timeout=140, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cases = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
+    assert sorted(cases) == ["requests-keepalive", "requests-newconn"]
+    for name, case in cases.items():
+        assert case["status"] == "ok" and case["fast_path"] is True, case
+        for transport in ("tcp", "rsock"):
+            assert all(s["count"] > 0 for s in case["samples"][transport]), case
+        clients = case["reports"]["client"]
+        for counts in [case["reports"]["server"], *clients]:
+            assert not [k for k in counts if k.endswith(":tcp")], counts
+        made = sum(c.get("connect:shm", 0) for c in clients)
+        assert case["reports"]["server"].get("accept:shm") == made, case["reports"]
+        if name == "requests-keepalive":
+            assert made == 2, clients  # one connection per client run
+        else:
+            assert made > 20, clients  # one per request
