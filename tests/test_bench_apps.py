@@ -15,18 +15,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.timeout_s(150)
-def test_apps_tornado_round_trips_both_sides_fast_path(tmp_path: Path) -> None:
-    # make test installs the compat extra (tornado): never skipped
-    assert importlib.util.find_spec("tornado") is not None
+def run_apps(
+    tmp_path: Path, cases: str, timeout: float = 30, limit: float = 120
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``python -m rsock.bench apps --quick`` of ``cases`` with tiny reps (one CPU:
+    --pin none), without the caller's RSOCK_ variables; the process and its --json."""
     out = tmp_path / "apps.json"
     pin = ["--pin", "none"] if len(os.sched_getaffinity(0)) < 2 else []
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSOCK_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "rsock.bench", "apps", "--quick", "--cases", "tornado-rtt",
-         "--rep-time", "0.2", "--warmup", "0.1", "--timeout", "30", "--json", str(out), *pin],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env, check=False,
+        [sys.executable, "-m", "rsock.bench", "apps", "--quick", "--cases", cases,
+         "--rep-time", "0.2", "--warmup", "0.1", "--timeout", str(timeout), "--json", str(out),
+         *pin],
+        cwd=tmp_path, capture_output=True, text=True, timeout=limit, env=env, check=False,
     )  # fmt: skip
+    return proc, out
+
+
+@pytest.mark.timeout_s(150)
+def test_apps_tornado_round_trips_both_sides_fast_path(tmp_path: Path) -> None:
+    # make test installs the compat extra (tornado): never skipped
+    assert importlib.util.find_spec("tornado") is not None
+    proc, out = run_apps(tmp_path, "tornado-rtt")
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     [row] = [line for line in proc.stdout.splitlines() if line.startswith("tornado ")]
@@ -64,14 +74,7 @@ def test_apps_dask_worker_to_worker_every_connection_on_shm(tmp_path: Path) -> N
     Every connection of the process tree, made and accepted, is on shm."""
     # make test installs the compat extra (distributed, numpy): never skipped
     assert importlib.util.find_spec("distributed") is not None
-    out = tmp_path / "apps.json"
-    pin = ["--pin", "none"] if len(os.sched_getaffinity(0)) < 2 else []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RSOCK_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "rsock.bench", "apps", "--quick", "--cases", "dask-w2w",
-         "--rep-time", "0.2", "--warmup", "0.1", "--timeout", "60", "--json", str(out), *pin],
-        cwd=tmp_path, capture_output=True, text=True, timeout=140, env=env, check=False,
-    )  # fmt: skip
+    proc, out = run_apps(tmp_path, "dask-w2w", timeout=60, limit=140)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [case] = json.loads(out.read_text())["cases"]
     assert case["case"] == "dask-w2w" and case["status"] == "ok", case
@@ -95,15 +98,7 @@ def test_apps_requests_thread_per_connection_server(tmp_path: Path) -> None:
     connection) and requests, keep-alive and a new connection per request:
     both sides of every rsock rep on shm, the bodies checked by the client."""
     assert importlib.util.find_spec("requests") is not None  # the compat extra
-    out = tmp_path / "apps.json"
-    pin = ["--pin", "none"] if len(os.sched_getaffinity(0)) < 2 else []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RSOCK_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "rsock.bench", "apps", "--quick", "--cases",
-         "requests-keepalive,requests-newconn", "--rep-time", "0.2", "--warmup", "0.1",
-         "--timeout", "30", "--json", str(out), *pin],
-        cwd=tmp_path, capture_output=True, text=True, timeout=140, env=env, check=False,
-    )  # fmt: skip
+    proc, out = run_apps(tmp_path, "requests-keepalive,requests-newconn", limit=140)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cases = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
     assert sorted(cases) == ["requests-keepalive", "requests-newconn"]
