@@ -294,10 +294,17 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
  * slow gains nothing from a spin: an idle keep-alive connection, a slow
  * server), until a quicker wait comes.  One slow answer is not a tempo.
  */
-static void eng_spin_adapt(rsk_sock *s, int64_t waited)
+/* s's spin budget as it stands (ns): its own, at most opts.spin_us. */
+static int64_t eng_spin_cur(const rsk_sock *s)
 {
 	int64_t cap = (int64_t)s->opts.spin_us * 1000;
-	int64_t b = s->spin_ns < 0 || s->spin_ns > cap ? cap : s->spin_ns;
+
+	return s->spin_ns < 0 || s->spin_ns > cap ? cap : s->spin_ns;
+}
+
+static void eng_spin_adapt(rsk_sock *s, int64_t waited)
+{
+	int64_t cap = (int64_t)s->opts.spin_us * 1000, b = eng_spin_cur(s);
 
 	if (waited > 2 * cap) {
 		if (++s->spin_long > 1)
@@ -317,8 +324,7 @@ static void eng_spin_adapt(rsk_sock *s, int64_t waited)
 /* The spin a blocking call on s starts with (ns; 0: none). */
 static int64_t eng_spin_budget(const rsk_sock *s)
 {
-	int64_t cap = (int64_t)s->opts.spin_us * 1000;
-	int64_t b = s->spin_ns < 0 || s->spin_ns > cap ? cap : s->spin_ns;
+	int64_t b = eng_spin_cur(s);
 
 	return b < SPIN_MIN_NS ? 0 : b;
 }
