@@ -384,7 +384,7 @@ def test_rsock_counters(tmp_path: Path) -> None:
             assert all(v == 0 for k, v in c["client"]["idle_counters"].items())
 
 
-@pytest.mark.parametrize("mode,spin_us", [("event", 0), ("spin", 1_000_000), ("adaptive", 250)])
+@pytest.mark.parametrize("mode,spin_us", [("event", 0), ("spin", 1_000_000), ("adaptive", 500)])
 def test_mode(tmp_path: Path, mode: str, spin_us: int) -> None:
     rc, text, doc = bench(
         tmp_path, "--transport", "rsock", "--api", "sync", "--tests", "pingpong", "--mode", mode

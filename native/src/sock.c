@@ -39,9 +39,10 @@ void rsk_opts_default(struct rsk_opts *o)
 	o->qdepth = 256;
 	o->inline_max = 256;
 	/* a blocking call's spin before it sleeps, at most (adapted per
-	 * connection: eng_spin_adapt): a little more than a Python server
-	 * takes to answer a small request here (100-200 us) */
-	o->spin_us = 250;
+	 * connection: eng_spin_adapt): a little more than a Python peer takes
+	 * between two messages here (a server's answer: 100-200 us; a
+	 * requests client's next request: ~350 us) */
+	o->spin_us = 500;
 }
 
 int rsk_opts_check(struct rsk_opts *o)

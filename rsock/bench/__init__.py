@@ -39,7 +39,7 @@ rsock cases also report the engine's counters (``sock.stats()`` of both sides at
 end of the session: stalls, arms, notifies, spins, sleeps) per MB or per message, and
 the provider actually used (``sock.provider``).  ``--mode spin|event|adaptive`` sets
 RSOCK_SPIN_US and RSOCK_LOOP_POLL_US of both workers (1000000, 0, unset = the
-defaults: spin and loop polling of up to 250 µs).
+defaults: spin up to 500 µs, loop polling up to 250 µs).
 ``ucxx`` (only when the ``ucxx`` package is importable) is a ping-pong reference on the
 asyncio api over UCX's tag send/recv.
 
@@ -106,7 +106,8 @@ MSGRATE_WARMUP = (20000, 5000)  # max warm-up messages of msgrate: (normal, --qu
 PING_BUDGET = (256 << 20, 32 << 20)
 PING_MIN_ROUNDS = 20
 # --mode -> RSOCK_SPIN_US and RSOCK_LOOP_POLL_US of both workers (None: unset, the
-# defaults: a blocking call spins, an event loop polls a busy connection, up to 250 µs)
+# defaults: a blocking call spins up to 500 µs, an event loop polls a busy connection up to
+# 250 µs)
 MODES: dict[str, int | None] = {"adaptive": None, "event": 0, "spin": 1_000_000}
 APIS = ("sync", "asyncio")
 LOOPS = ("asyncio", "uvloop")
@@ -296,8 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="rsock completion mode of both sides, through RSOCK_SPIN_US (blocking calls) "
         "and RSOCK_LOOP_POLL_US (event loops): event = 0 (arm and sleep at once), adaptive "
-        "= the defaults (spin or poll up to 250 µs, then sleep), spin = 1000000 (up to 1 s, then "
-        "sleep); default adaptive, or the two variables as set",
+        "= the defaults (spin up to 500 µs or poll up to 250 µs, then sleep), spin = 1000000 "
+        "(up to 1 s, then sleep); default adaptive, or the two variables as set",
     )
     ap.add_argument(
         "--idle-conns",
@@ -596,7 +597,7 @@ def mode_text(opts: Options) -> str:
             f"mode=RSOCK_SPIN_US={os.environ.get('RSOCK_SPIN_US')} "
             f"RSOCK_LOOP_POLL_US={os.environ.get('RSOCK_LOOP_POLL_US')} (from the environment)"
         )
-    spin = "default: at most 250" if opts.spin_us is None else str(opts.spin_us)
+    spin = "default: at most 500 and 250" if opts.spin_us is None else str(opts.spin_us)
     return f"mode={opts.mode} (RSOCK_SPIN_US and RSOCK_LOOP_POLL_US {spin} {micro()})"
 
 
