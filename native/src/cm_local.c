@@ -548,7 +548,7 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	struct cm_msg req;
 	socklen_t len;
 	int fd, rc, srv_memfd = -1, fds[CM_MAX_FDS];
-	int blocking = 0, nfds, kind, early_wake = 0, wake[2];
+	int blocking = 0, nfds, kind;
 	uint32_t pid = 0, slot = 0, gen = 0;
 	uint64_t name;
 
@@ -576,11 +576,8 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	fds[0] = -1;
 	if (fault_config() >= 0 &&
 	    shm_arena_connect(0, name, o->ring_size, o->qdepth, &res->qp,
-			      &fds[0], &slot, &gen) == 0) {
+			      &fds[0], &slot, &gen) == 0)
 		res->ops = &shm_ops;
-		/* and its eventfds, for the same reason (kept by the QP) */
-		early_wake = shm_qp_wake_fds(res->qp, &wake[0], &wake[1]) == 0;
-	}
 	/* Non-blocking first (the usual case: the backlog has room, and it
 	 * costs nothing more).  If the backlog is full and we may wait, the
 	 * socket turns blocking: the kernel sleeps in connect() until accept()
@@ -644,11 +641,9 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 	 * connect, so that the REQ follows at once (a listener that wakes
 	 * for the connection gives it a moment: cm_req_soon). */
 	if (res->qp && !shm_arena_key_ok(res->qp, pid)) {
-		/* another process serves the name now (the eventfds go
-		 * with the QP) */
+		/* another process serves the name now */
 		shm_ops.destroy(res->qp);
 		res->qp = NULL;
-		early_wake = 0;
 	}
 	rc = cm_make_qp(o, pid, name, res, &fds[0], &slot, &gen);
 	if (rc)
@@ -665,13 +660,8 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		kind = CM_REQ;
 	}
 	/* eventfd mode if this process can afford it (the QP keeps both) */
-	if (early_wake) {
-		fds[nfds] = wake[0];
-		fds[nfds + 1] = wake[1];
+	if (shm_qp_wake_fds(res->qp, &fds[nfds], &fds[nfds + 1]) == 0)
 		nfds += CM_WAKE_FDS;
-	} else if (shm_qp_wake_fds(res->qp, &fds[nfds], &fds[nfds + 1]) == 0) {
-		nfds += CM_WAKE_FDS;
-	}
 	cm_fill(&req, kind, o);
 	if (kind == CM_REQ) {
 		req.srv_ring_size = o->ring_size;
@@ -886,7 +876,7 @@ static int cm_req_soon(int fd)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 
-	return poll(&p, 1, 1) > 0; /* (revents set: what cm_req_ready asks) */
+	return poll(&p, 1, 1) > 0 && cm_req_ready(fd);
 }
 
 /*
