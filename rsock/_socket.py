@@ -466,6 +466,7 @@ class _Core:
         "listen_addr",
         "loop_fd",
         "fd",
+        "fd_block",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
@@ -501,6 +502,9 @@ class _Core:
         self.listen_addr: tuple[Any, ...] | None = None
         self.loop_fd = 0  # event-loop watches of fileno() (socket._loop_watches_fd)
         self.fd = -1  # fileno(), once made (the same number for the handle's life)
+        # fileno()'s O_NONBLOCK flag is off (made on: _fd_mode); one flag for
+        # all dup()s, as a dup'd fd shares its file's
+        self.fd_block = False
 
     def acquire(self) -> None:
         with self.lock:
@@ -666,11 +670,26 @@ class socket:
             self._watch(_WATCH_FD)
         fd = core.fd
         if fd < 0:
-            fd = core.fd = _ll.fileno(h)  # made on first use
+            fd = core.fd = _ll.fileno(h)  # made on first use, O_NONBLOCK
+            if self._timeout is None:
+                self._fd_mode()
         r = _live_refs.get(fd)
         if r is None or r() is not self:  # (cheaper than setting it again)
             _live[fd] = self
         return fd
+
+    def _fd_mode(self) -> None:
+        """fileno()'s O_NONBLOCK flag as CPython keeps a socket's fd: off only
+        while the socket blocks with no timeout (a timeout is enforced around
+        non-blocking calls).  The engine never depends on it (MSG_DONTWAIT)."""
+        core = self._core
+        block = self._timeout is None
+        if core.fd >= 0 and core.fd_block != block:
+            try:
+                os.set_blocking(core.fd, block)
+            except OSError:
+                return  # (closed underneath: the socket's calls say so)
+            core.fd_block = block
 
     def _is_listener(self) -> bool:
         """Listening (on the rsock path)?"""
@@ -876,6 +895,8 @@ class socket:
             and self._tcp is None
         ):
             self._timeout = value  # (the common case, checked as below)
+            if self._core.fd_block:
+                self._fd_mode()
             return
         if self._tcp is not None:
             self._timeout = self._tcp.settimeout(value)
@@ -900,6 +921,8 @@ class socket:
             t = v
         self._handle()
         self._timeout = t
+        if self._core.fd >= 0:
+            self._fd_mode()
 
     def gettimeout(self) -> float | None:
         return self._timeout
@@ -911,6 +934,8 @@ class socket:
         block = _c_long(flag)
         self._handle()
         self._timeout = None if block else 0.0
+        if self._core.fd >= 0:
+            self._fd_mode()
 
     def getblocking(self) -> bool:
         return self._timeout != 0.0

@@ -730,6 +730,94 @@ def test_inheritable(pair: Pair) -> None:
     assert client.get_inheritable() is False
 
 
+def _nonblocking_fd(sock: Any) -> bool:
+    return not os.get_blocking(sock.fileno())
+
+
+def test_fileno_nonblock_flag_follows_the_mode(sockmod: ModuleType, listener: Any) -> None:
+    """fileno()'s O_NONBLOCK flag is set unless the socket blocks with no timeout
+    (CPython enforces a timeout around non-blocking calls): on a new, a
+    listening and a connected socket, whenever fileno() was first asked for,
+    from SOCK_NONBLOCK and setdefaulttimeout(); a dup() shares the flag (one
+    file)."""
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as s:
+        assert not _nonblocking_fd(s)
+        for how, want in [
+            (lambda: s.setblocking(False), True),
+            (lambda: s.settimeout(None), False),
+            (lambda: s.settimeout(2.5), True),
+            (lambda: s.setblocking(True), False),
+            (lambda: s.settimeout(0), True),
+            (lambda: s.settimeout(0.5), True),
+        ]:
+            how()
+            assert _nonblocking_fd(s) is want
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert _nonblocking_fd(s)  # (an rsock listener's fileno() is another file now)
+        s.setblocking(True)
+        assert not _nonblocking_fd(s)
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert not _nonblocking_fd(s)  # made by the listener
+        s.settimeout(3.0)
+        assert _nonblocking_fd(s)
+        s.setblocking(True)
+        assert not _nonblocking_fd(s)
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM | sockmod.SOCK_NONBLOCK) as s:
+        assert _nonblocking_fd(s)
+        s.setblocking(True)
+        assert not _nonblocking_fd(s)
+    old = sockmod.getdefaulttimeout()
+    sockmod.setdefaulttimeout(1.0)
+    try:
+        with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as s:
+            assert _nonblocking_fd(s)
+    finally:
+        sockmod.setdefaulttimeout(old)
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as c:
+        c.setblocking(False)  # before fileno() is made
+        assert _nonblocking_fd(c)
+        c.settimeout(10)
+        c.connect(listener.getsockname())
+        server, _ = listener.accept()  # (the listener has a timeout: a blocking socket)
+        with server:
+            assert _nonblocking_fd(c) and not _nonblocking_fd(server)
+            d = c.dup()
+            with d:
+                c.setblocking(True)
+                assert not _nonblocking_fd(d)  # the shared file's flag
+                assert d.gettimeout() == 10.0  # (the object's own mode)
+                d.settimeout(0.0)
+                assert _nonblocking_fd(c)
+            server.setblocking(False)
+            assert _nonblocking_fd(server)
+            server.settimeout(10)
+            c.sendall(b"x")
+            assert recv_exact(server, 1) == b"x"  # (the fd's flag is nothing to the calls)
+
+
+def test_fileno_nonblock_flag_after_a_refused_connect(
+    sockmod: ModuleType, listener: Any
+) -> None:
+    """A refused non-blocking connect, then a blocking one that works, on one
+    socket: its fileno() keeps the socket's mode (rsock makes that fd anew
+    underneath, on the same number)."""
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as s:
+        s.setblocking(False)
+        assert _nonblocking_fd(s)
+        assert s.connect_ex(("127.0.0.1", unused_port())) == errno.EINPROGRESS
+        assert _so_error_eventually(s, sockmod) == errno.ECONNREFUSED
+        s.setblocking(True)
+        assert not _nonblocking_fd(s)
+        with pytest.raises(ConnectionAbortedError):  # (Linux's answer once SO_ERROR took it)
+            s.connect(listener.getsockname())
+        s.connect(listener.getsockname())
+        assert not _nonblocking_fd(s)
+        listener.accept()[0].close()
+
+
 # --------------------------------------------------------------------------- module
 
 

@@ -25,14 +25,19 @@
 #include "engine.h"
 
 /* s listens from now on; its fa becomes epfd (the first time): readable
- * while a connection waits. */
+ * while a connection waits.  Its O_NONBLOCK flag stays as it was (the
+ * socket's mode: rsock.socket sets it). */
 static void eng_become_listener(rsk_sock *s)
 {
+	int nb;
+
 	s->kind = K_LISTEN;
 	if (s->fa < 0 || s->fb < 0)
 		return; /* none yet (eng_fd_make), or made already */
+	nb = eng_fd_nonblock(s->fa);
 	if (dup3(s->epfd, s->fa, O_CLOEXEC) < 0)
 		return; /* fa stays a never-readable socket: accept still works */
+	eng_fd_set_nonblock(s->fa, nb);
 	close(s->fb);
 	s->fb = -1;
 }

@@ -477,6 +477,21 @@ void eng_sync_fd(rsk_sock *s)
 	}
 }
 
+int eng_fd_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	return fl >= 0 && (fl & O_NONBLOCK);
+}
+
+void eng_fd_set_nonblock(int fd, int nb)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl >= 0 && !!(fl & O_NONBLOCK) != !!nb)
+		fcntl(fd, F_SETFL, nb ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+}
+
 /* A new socketpair for fileno(): its second end becomes fb, set up as
  * eng_fd_init does; its first end (to become fa), or -errno. */
 static int eng_fd_pair(rsk_sock *s)
@@ -506,7 +521,11 @@ int eng_fd_make(rsk_sock *s)
 		return s->fa;
 	if (s->kind == K_LISTEN) {
 		s->fa = fcntl(s->epfd, F_DUPFD_CLOEXEC, 0);
-		return s->fa >= 0 ? s->fa : -errno;
+		if (s->fa < 0)
+			return -errno;
+		/* (the flag of epfd's file: epoll_wait does not read it) */
+		eng_fd_set_nonblock(s->fa, 1);
+		return s->fa;
 	}
 	if ((rc = eng_fd_pair(s)) < 0)
 		return rc;
@@ -524,13 +543,14 @@ int eng_fd_make(rsk_sock *s)
  * yet, there is nothing to renew. */
 int eng_fd_renew(rsk_sock *s)
 {
-	int fa = s->fa, a;
+	int fa = s->fa, a, nb;
 
 	if (!s->refused)
 		return 0;
 	s->refused = 0;
 	if (fa < 0)
 		return 0;
+	nb = eng_fd_nonblock(fa);
 	if ((a = eng_fd_pair(s)) < 0 || dup3(a, fa, O_CLOEXEC) < 0) {
 		int rc = a < 0 ? a : -errno;
 
@@ -545,6 +565,7 @@ int eng_fd_renew(rsk_sock *s)
 	}
 	close(a);
 	s->fa = fa;
+	eng_fd_set_nonblock(fa, nb);
 	return 0;
 }
 
