@@ -289,11 +289,16 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
  * as an event loop's polling does (rsock/asyncio.py, _LoopPoller.touch):
  * a wait that ended after `waited` ns (spin, sleep and wake-up included)
  * raises the budget to twice that, at most opts.spin_us, unless it took
- * longer than twice opts.spin_us: the second such wait in a row halves
- * the budget, and below SPIN_MIN_NS the call sleeps at once (a peer that
- * slow gains nothing from a spin: an idle keep-alive connection, a slow
- * server), until a quicker wait comes.  One slow answer is not a tempo.
+ * longer than opts.spin_us and a quarter (SPIN_LONG: no spin the cap
+ * allows would have caught it; the quarter is for the wake-up that a
+ * wait which slept includes): the second such wait in a row halves the
+ * budget, and below SPIN_MIN_NS the call sleeps at once (a peer that slow
+ * gains nothing from a spin: an idle keep-alive connection, a slow server,
+ * a client that thinks ~700 us between requests against a 500 us cap),
+ * until a quicker wait comes.  One slow answer is not a tempo.
  */
+#define SPIN_LONG(cap) ((cap) + (cap) / 4)
+
 /* s's spin budget as it stands (ns): its own, at most opts.spin_us. */
 static int64_t eng_spin_cur(const rsk_sock *s)
 {
@@ -306,7 +311,7 @@ static void eng_spin_adapt(rsk_sock *s, int64_t waited)
 {
 	int64_t cap = (int64_t)s->opts.spin_us * 1000, b = eng_spin_cur(s);
 
-	if (waited > 2 * cap) {
+	if (waited > SPIN_LONG(cap)) {
 		if (++s->spin_long > 1)
 			b /= 2;
 	} else {

@@ -62,7 +62,7 @@ struct rsk_sock {
 	/* A blocking call's spin (eng_wait): this connection's budget in ns,
 	 * at most opts.spin_us (-1: that; set again with the opts), adapted
 	 * to how long its waits take (eng_spin_adapt); spin_long: waits in a
-	 * row longer than twice opts.spin_us. */
+	 * row longer than opts.spin_us and a quarter (SPIN_LONG). */
 	int64_t spin_ns;
 	int spin_long;
 	char detail[160];
