@@ -128,11 +128,10 @@ int eng_fd_renew(rsk_sock *s);
 /* fileno(), made on first use (O_NONBLOCK, whatever its kind): the fd or
  * -errno. */
 int eng_fd_make(rsk_sock *s);
-/* fd's O_NONBLOCK flag (1, 0), and setting it to nb (0 or 1): what
- * fileno() keeps when another file takes its number (eng_fd_renew, a
- * listener's epfd) stays the socket's mode, which rsock.socket sets. */
-int eng_fd_nonblock(int fd);
-void eng_fd_set_nonblock(int fd, int nb);
+/* Another file (from) takes fileno()'s number fa (dup3), with fa's
+ * O_NONBLOCK flag kept: that flag is the socket's mode, which rsock.socket
+ * sets (eng_fd_renew, a listener's epfd).  0 or -errno. */
+int eng_fd_dup_onto(int from, int fa);
 /* The epoll fd of a listener, made on first use: 0 or -errno. */
 int eng_epfd(rsk_sock *s);
 /* s (fresh) takes over the connection in *res. */

@@ -29,15 +29,11 @@
  * socket's mode: rsock.socket sets it). */
 static void eng_become_listener(rsk_sock *s)
 {
-	int nb;
-
 	s->kind = K_LISTEN;
 	if (s->fa < 0 || s->fb < 0)
 		return; /* none yet (eng_fd_make), or made already */
-	nb = eng_fd_nonblock(s->fa);
-	if (dup3(s->epfd, s->fa, O_CLOEXEC) < 0)
+	if (eng_fd_dup_onto(s->epfd, s->fa) < 0)
 		return; /* fa stays a never-readable socket: accept still works */
-	eng_fd_set_nonblock(s->fa, nb);
 	close(s->fb);
 	s->fb = -1;
 }

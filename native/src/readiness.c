@@ -477,19 +477,22 @@ void eng_sync_fd(rsk_sock *s)
 	}
 }
 
-int eng_fd_nonblock(int fd)
-{
-	int fl = fcntl(fd, F_GETFL);
-
-	return fl >= 0 && (fl & O_NONBLOCK);
-}
-
-void eng_fd_set_nonblock(int fd, int nb)
+static void eng_fd_set_nonblock(int fd, int nb)
 {
 	int fl = fcntl(fd, F_GETFL);
 
 	if (fl >= 0 && !!(fl & O_NONBLOCK) != !!nb)
 		fcntl(fd, F_SETFL, nb ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+}
+
+int eng_fd_dup_onto(int from, int fa)
+{
+	int fl = fcntl(fa, F_GETFL);
+
+	if (dup3(from, fa, O_CLOEXEC) < 0)
+		return -errno;
+	eng_fd_set_nonblock(fa, fl >= 0 && (fl & O_NONBLOCK));
+	return 0;
 }
 
 /* A new socketpair for fileno(): its second end becomes fb, set up as
@@ -543,18 +546,17 @@ int eng_fd_make(rsk_sock *s)
  * yet, there is nothing to renew. */
 int eng_fd_renew(rsk_sock *s)
 {
-	int fa = s->fa, a, nb;
+	int fa = s->fa, a, rc = 0;
 
 	if (!s->refused)
 		return 0;
 	s->refused = 0;
 	if (fa < 0)
 		return 0;
-	nb = eng_fd_nonblock(fa);
-	if ((a = eng_fd_pair(s)) < 0 || dup3(a, fa, O_CLOEXEC) < 0) {
-		int rc = a < 0 ? a : -errno;
-
-		if (a >= 0) {
+	if ((a = eng_fd_pair(s)) < 0 || (rc = eng_fd_dup_onto(a, fa)) < 0) {
+		if (a < 0) {
+			rc = a;
+		} else {
 			close(a);
 			close(s->fb);
 		}
@@ -565,7 +567,6 @@ int eng_fd_renew(rsk_sock *s)
 	}
 	close(a);
 	s->fa = fa;
-	eng_fd_set_nonblock(fa, nb);
 	return 0;
 }
 
