@@ -439,6 +439,17 @@ class _Finder(importlib.abc.MetaPathFinder):
 _finder = _Finder()
 
 
+def _stands_for(sock: Any) -> Any:
+    """``sock``, or the rsock socket it is a proxy of: an object that
+    forwards to one (gunicorn's listeners forward every attribute to the
+    socket they hold).  A loop given the proxy would take its fileno() for a
+    kernel socket's (uvloop's libuv listens on it, fails and closes it)."""
+    if sock is None or isinstance(sock, (_rs.socket, _Std)):
+        return sock
+    owner = _rs.owner_of(sock)
+    return sock if owner is None else owner
+
+
 def _tcp_call(host: Any, port: Any, kw: dict[str, Any], server: bool) -> bool:
     """Is this ``create_connection``/``create_server`` call one for rsock: a
     TCP family, host/port or ``sock=`` an rsock socket (not both, not
@@ -543,6 +554,8 @@ def _wrap_create_connection(original: Any) -> Callable[..., Any]:
     async def create_connection(
         self: Any, protocol_factory: Any, host: Any = None, port: Any = None, *args: Any, **kw: Any
     ) -> Any:
+        if "sock" in kw:
+            kw["sock"] = _stands_for(kw["sock"])
         if (
             args
             or not allowed.issuperset(kw)
@@ -567,6 +580,8 @@ def _wrap_create_server(original: Any) -> Callable[..., Any]:
     async def create_server(
         self: Any, protocol_factory: Any, host: Any = None, port: Any = None, *args: Any, **kw: Any
     ) -> Any:
+        if "sock" in kw:
+            kw["sock"] = _stands_for(kw["sock"])
         if (
             args
             or not allowed.issuperset(kw)
@@ -595,6 +610,7 @@ def _wrap_connect_accepted_socket(original: Any) -> Callable[..., Any]:
     async def connect_accepted_socket(
         self: Any, protocol_factory: Any, sock: Any, *args: Any, **kw: Any
     ) -> Any:
+        sock = _stands_for(sock)
         if (
             args
             or not isinstance(sock, _rs.socket)
@@ -1030,14 +1046,12 @@ def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:
                 "this socket already uses TLS (an rsock.SSLSocket): it cannot be wrapped "
                 "again (unwrap() it first)"
             )
+        # (a proxy object of an rsock socket: the stdlib would adopt the
+        # rsock fileno; wrap the socket it stands for, which is what
+        # detaching the proxy hands over)
+        sock = _stands_for(sock)
         if not isinstance(sock, _rs.socket):
-            # a proxy object of an rsock socket (it forwards fileno() and
-            # detach()): the stdlib would adopt the rsock fileno; wrap the
-            # socket it stands for, which is what detaching it hands over
-            owner = None if isinstance(sock, _Std) else _rs.owner_of(sock)
-            if owner is None:
-                return original(self, sock, *args, **kw)
-            sock = owner
+            return original(self, sock, *args, **kw)
 
         _note("ssl:wrap_socket")
         return _rssl.wrap_socket(self, sock, *args, **kw)

@@ -153,6 +153,67 @@ def test_uvicorn_with_httpx(transport: str, tmp_path: Path, options: list[str]) 
         _check_report(tmp_path / "server.json", "server")
 
 
+GUNICORN_WORKERS = {
+    "sync": "wsgi_app:app",
+    "uvicorn.workers.UvicornWorker": "asgi_app:app",  # (uvloop: its default loop)
+    "aiohttp.GunicornWebWorker": "aiohttp_app:my_web_app",
+}
+
+
+@pytest.mark.timeout_s(180)
+@pytest.mark.parametrize("worker", sorted(GUNICORN_WORKERS))
+def test_gunicorn(transport: str, tmp_path: Path, worker: str) -> None:
+    """gunicorn's pre-fork server, as its documentation (and uvicorn's and
+    aiohttp's deployment pages) shows: the master binds the listener, forks
+    two workers that both accept on it; driven by httpx; stopped by SIGTERM.
+    The listener a worker's event loop gets is gunicorn's proxy of it."""
+    for module in ("gunicorn", "httpx", worker.split(".")[0] if "." in worker else "gunicorn"):
+        importlib.import_module(module)  # make test installs the extra: never skipped
+    env = _env(transport)
+    env["PYTHONPATH"] = str(FW) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    port = _free_port()
+    server = subprocess.Popen(
+        _cmd(transport, tmp_path / "server.json", "-m", "gunicorn", "--workers", "2",
+             "--worker-class", worker, "--bind", f"127.0.0.1:{port}",
+             "--control-socket", str(tmp_path / "gunicorn.ctl"), GUNICORN_WORKERS[worker]),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )
+    try:
+        assert server.stderr is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = server.stderr.readline()
+            seen.append(line)
+            if sum("Booting worker" in s for s in seen) == 2 or not line:
+                break
+        assert any("Listening at" in s for s in seen), "".join(seen)
+        assert sum("Booting worker" in s for s in seen) == 2, "".join(seen)
+        client = subprocess.run(
+            _cmd(transport, tmp_path / "client.json", str(FW / "httpx_client.py"), str(port)),
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=150,
+        )
+        assert client.returncode == 0, client.stderr[-3000:]
+        assert client.stdout.split() == ["OK"]
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+        rest = server.stderr.read()
+        assert "Traceback" not in rest and "Exception in worker" not in rest, rest[-3000:]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if server.stderr is not None:
+            server.stderr.close()
+    if transport == "rsock":
+        _check_report(tmp_path / "client.json", "client")
+        counts = _check_report(tmp_path / "server.json", "server")
+        assert counts["processes"] == 3, counts  # the master and its two workers
+        if worker != "sync":
+            # each worker's event loop serves the listener through rsock.asyncio
+            assert counts.get("asyncio:create_server") == 2, counts
+
+
 @pytest.mark.timeout_s(240)
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_dask_local_cluster(transport: str, method: str, tmp_path: Path) -> None:

@@ -183,6 +183,77 @@ def test_protocols_host_port_and_rsock_sock(patched: None, run: Any) -> None:
     }
 
 
+class Proxy:
+    """An object that forwards every attribute to the socket it holds, as
+    gunicorn's listeners (``gunicorn.sock.BaseSocket``) do."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_proxies_of_sockets(kind: str, run: Any) -> None:
+    """``sock=`` a proxy of a socket (gunicorn hands its workers' event loops
+    such proxies of the listener it bound): on TCP the loop uses the proxy;
+    under the patch the loop is given the rsock socket it stands for.
+    uvloop given the proxy of an rsock listener took the fileno() for a
+    kernel socket's, failed to listen on it and closed the listener."""
+    if kind == "rsock":
+        rsock.patch()
+    try:
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            server = await loop.create_server(Echo, sock=Proxy(listener))
+            async with server:
+                for _ in range(2):  # the listener stays open after the first
+                    client = socket.socket()
+                    client.connect(listener.getsockname())
+                    t, p = await loop.create_connection(
+                        lambda: Collect(100_000), sock=Proxy(client)
+                    )
+                    assert isinstance(t, rsa.RsockTransport) is (kind == "rsock")
+                    t.write(os.urandom(100_000))
+                    assert len(await p.done) == 100_000
+                    t.close()
+            assert listener.fileno() == -1  # closed with its server, as on TCP
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            a = socket.socket()
+            a.connect(listener.getsockname())
+            conn, _ = listener.accept()
+            listener.close()
+            st, _ = await loop.connect_accepted_socket(Echo, Proxy(conn))
+            ct, cp = await loop.create_connection(lambda: Collect(1_000), sock=a)
+            ct.write(b"z" * 1_000)
+            assert await cp.done == b"z" * 1_000
+            assert isinstance(st, rsa.RsockTransport) is (kind == "rsock")
+            ct.close()
+            st.close()
+
+        before = _patch.counters()
+        run(main())
+        if kind == "rsock":
+            assert delta(before) == {
+                "rsock": 5,  # (made by socket.socket(): not the accepted ones)
+                "asyncio:create_server": 1,
+                "asyncio:create_connection": 3,
+                "asyncio:connect_accepted_socket": 1,
+                "connect:shm": 3,
+                "accept:shm": 3,
+            }
+    finally:
+        if kind == "rsock":
+            rsock.unpatch()
+
+
 def test_tls_streams_and_start_tls(patched: None, run: Any) -> None:
     server_ctx, client_ctx = tls_contexts()
 
