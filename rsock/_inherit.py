@@ -114,6 +114,13 @@ def start_child() -> None:
 def start_top(report: str | None, inherit: bool) -> None:
     """``run`` in the top process: patch it and (inherit) its Python children;
     with a report, sum every process's counts into ``report`` at exit."""
+    if _report_dir is not None and os.environ.get(ENV_RUN) == "1":
+        # a run inside the tree of a run with a report (werkzeug's reloader
+        # starts the command line anew in its child): the start-up hook made
+        # this process count into that report, which sums it; a report of
+        # its own would race the outer one for the file
+        _patch.patch()
+        return
     directory = None
     if report is not None:
         directory = tempfile.mkdtemp(prefix="rsock-report-")

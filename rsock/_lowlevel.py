@@ -194,6 +194,13 @@ def fileno(h: Handle) -> int:
     return rc
 
 
+def fileno_onto(h: Handle, fd: int) -> None:
+    """The pollable fd moves onto ``fd``'s number (socket(fileno=fd))."""
+    rc = int(lib.rsk_fileno_onto(h.ptr, fd))
+    if rc < 0:
+        raise oserror(rc)
+
+
 WATCH_NOTIFY: int = lib.RSK_WATCH_NOTIFY
 WATCH_FD: int = lib.RSK_WATCH_FD
 

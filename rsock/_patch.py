@@ -54,9 +54,11 @@ holds for those TLS sockets too, as it does for ``ssl.SSLSocket``.
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib.abc
 import importlib.machinery
+import operator
 import socket as _std
 import sys
 import threading
@@ -200,14 +202,26 @@ class socket(_Std, metaclass=_SocketMeta):
             # a subclass (ssl.SSLSocket imported under the patch, user classes):
             # an ordinary stdlib socket; its __init__ runs as usual
             return super().__new__(cls)
-        if _active and not _stays_stdlib():
-            if _wants_rsock(family, type, proto, fileno):
-                rs = _rs.socket(family, type, proto)
-                _note("rsock")
-                return rs
-            _note("stdlib")
+        ours = _active and not _stays_stdlib()
+        if ours and _wants_rsock(family, type, proto, fileno):
+            rs = _rs.socket(family, type, proto)
+            _note("rsock")
+            return rs
         # not an instance of this class, so type.__call__ runs no __init__ on it
-        return _Std(family, type, proto, fileno)
+        try:
+            std = _Std(family, type, proto, fileno)
+            if ours:
+                _note("stdlib")
+            return std
+        except OSError as e:
+            if not ours or fileno is None or e.errno != errno.ENOTSOCK:
+                raise
+            # the fileno() of a listener of the process that started this one?
+            adopted = _rs.adopt_inherited(family, type, proto, operator.index(fileno))
+            if adopted is None:
+                raise
+            _note("rsock")
+            return adopted
 
 
 def patch() -> None:

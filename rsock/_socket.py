@@ -467,6 +467,7 @@ class _Core:
         "loop_fd",
         "fd",
         "fd_block",
+        "inheritable",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
@@ -505,6 +506,9 @@ class _Core:
         # fileno()'s O_NONBLOCK flag is off (made on: _fd_mode); one flag for
         # all dup()s, as a dup'd fd shares its file's
         self.fd_block = False
+        # set_inheritable(True) on a listener: its kernel socket and
+        # rendezvous fds are inherited too, as they are made (adopt_inherited)
+        self.inheritable = False
 
     def acquire(self) -> None:
         with self.lock:
@@ -745,6 +749,30 @@ class socket:
     @routed
     def set_inheritable(self, inheritable: bool) -> None:
         os.set_inheritable(self.fileno(), inheritable)
+        core = self._core
+        if not core.connected and not core.nb:
+            # a listener (or one to be): a program that starts a child with
+            # fileno() inherited (werkzeug's reloader, gunicorn's re-exec)
+            # hands it the listener, so the fds behind fileno() go too
+            core.inheritable = inheritable
+            self._inherit_fds()
+
+    def _inherit_fds(self) -> None:
+        """A listener's kernel socket and rendezvous fds are inherited as its
+        fileno() is (set_inheritable): a child that adopts fileno() finds
+        them (adopt_inherited); and from then on they are shared, so a close
+        here does not shut the child's listener down."""
+        core = self._core
+        fds = list(core.rv.values())
+        if core.listening and self._h is not None:
+            fds += _ll.listen_fds(self._h)  # (shared from now on)
+        if core.tcp is not None:
+            fds.append(core.tcp.fileno())
+        if core.fd >= 0:  # (listen() put another file on its number)
+            fds.append(core.fd)
+        core.shared = True
+        for fd in fds:
+            os.set_inheritable(fd, core.inheritable)
 
     def _fd_or_minus1(self) -> int:
         h = self._h
@@ -1019,6 +1047,8 @@ class socket:
         tcp.bind(address)
         core.bound = True
         self._bind_names(tcp)
+        if core.inheritable:
+            self._inherit_fds()
 
     def _bind_names(self, tcp: _std.socket) -> None:
         """Bind the rendezvous names now, as the kernel binds the port: a
@@ -1194,6 +1224,8 @@ class socket:
         if rc < 0:
             raise _ll.oserror(rc)
         core.listening = True
+        if core.inheritable:
+            self._inherit_fds()
 
     def accept(self) -> tuple[socket, Any]:
         r = self._accept(False)
@@ -2281,33 +2313,153 @@ def _rebuild_in_child(
     type_: int,
     proto: int,
     timeout: float | None,
-    opts: _ll.Opts,
+    opts: _ll.Opts | None,
     tcp_df: Any,
     rv: list[tuple[bytes, Any]],
     listening: bool,
 ) -> socket:
-    sock = socket(family, type_, proto)
+    return _shared_listener(
+        family, type_, proto, timeout, opts, tcp_df.detach(),
+        [(name, df.detach()) for name, df in rv], listening,
+    )
+
+
+def _shared_listener(
+    family: int,
+    type_: int,
+    proto: int,
+    timeout: float | None,
+    opts: _ll.Opts | None,
+    tcp_fd: int,
+    rv: list[tuple[bytes, int]],
+    listening: bool,
+    fileno: int = -1,
+) -> socket:
+    """A socket on another process's listener (or bound socket): its kernel
+    socket and rendezvous fds, which the new socket owns; ``fileno``, if
+    given, becomes its fileno() (socket(fileno=...))."""
+    try:
+        sock = socket(family, type_, proto)
+    except BaseException:
+        for fd in (tcp_fd, *(fd for _, fd in rv)):
+            os.close(fd)
+        raise
     try:
         h = sock._handle()
         core = sock._core
-        rc = _ll.set_opts(h, opts)
-        if rc < 0:
-            raise _ll.oserror(rc)
-        tcp = _std.socket(family, _std.SOCK_STREAM, 0, fileno=tcp_df.detach())
+        for name, fd in rv:
+            core.rv[name] = fd
         if core.tcp is not None:
             core.tcp.close()
-        core.tcp = tcp
+        core.tcp = None
+        try:
+            core.tcp = _std.socket(family, _std.SOCK_STREAM, 0, fileno=tcp_fd)
+        except BaseException:
+            os.close(tcp_fd)
+            raise
+        tcp = core.tcp
+        if opts is not None:
+            rc = _ll.set_opts(h, opts)
+            if rc < 0:
+                raise _ll.oserror(rc)
         core.bound = bool(tcp.getsockname()[1])
         core.shared = True
-        for name, df in rv:
-            core.rv[name] = df.detach()
         if listening:
             sock.listen()
+        if fileno >= 0:
+            _ll.fileno_onto(h, fileno)
+            core.fd = fileno
         sock.settimeout(timeout)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def _fdinfo_targets(fd: int) -> list[tuple[int, int]] | None:
+    """The (fd, inode) pairs an epoll fd watches, as /proc lists them (the
+    numbers they had where they were registered), or None: not an epoll."""
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:[eventpoll]":
+            return None
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            info = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    out = []
+    for line in info.splitlines():
+        words = line.split()
+        if len(words) > 1 and words[0] == "tfd:":
+            ino = [w[4:] for w in words if w.startswith("ino:")]
+            try:
+                out.append((int(words[1]), int(ino[0], 16)))
+            except (IndexError, ValueError):
+                continue
+    return out
+
+
+def _listening_kind(fd: int, ino: int) -> tuple[str, Any] | None:
+    """("rv", name) for an rsock rendezvous socket, ("tcp", family) for a
+    kernel TCP listener, if fd is open here on inode ino and listening;
+    else None."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISSOCK(st.st_mode) or st.st_ino != ino:
+        return None
+    k = _ksocket.socket(fileno=os.dup(fd))
+    try:
+        if not k.getsockopt(_std.SOL_SOCKET, _std.SO_ACCEPTCONN):
+            return None
+        if k.family == _std.AF_UNIX and k.type == _std.SOCK_SEQPACKET:
+            name = k.getsockname()
+            if isinstance(name, bytes) and name.startswith(b"\0rsock/"):
+                return "rv", name[1:]
+        elif k.family in (_std.AF_INET, _std.AF_INET6) and k.type == _std.SOCK_STREAM:
+            return "tcp", k.family
+        return None
+    finally:
+        k.close()
+
+
+def adopt_inherited(family: int, type_: int, proto: int, fileno: int) -> socket | None:
+    """``socket(fileno=fd)`` where fd is the fileno() of a listener of the
+    process that started this one, inherited with it (werkzeug's reloader
+    hands its child the listener this way, gunicorn its re-exec'd master):
+    a listener on the same kernel socket and rendezvous sockets, which the
+    parent made inheritable with fileno() (set_inheritable); it owns fd,
+    its fileno() from then on.  None when fd is no rsock listener's
+    fileno(); OSError when it is one whose sockets did not come along."""
+    targets = _fdinfo_targets(fileno)
+    if not targets:
+        return None
+    kinds = [_listening_kind(fd, ino) for fd, ino in targets]
+    tcp = [(fd, k[1]) for (fd, _), k in zip(targets, kinds, strict=True) if k and k[0] == "tcp"]
+    rv = [(k[1], fd) for (fd, _), k in zip(targets, kinds, strict=True) if k and k[0] == "rv"]
+    if len(tcp) != 1 or not rv:
+        raise OSError(
+            _errno.ENOTSOCK,
+            f"fd {fileno} is the fileno() of an rsock listener of another process whose "
+            "sockets this process does not hold: call set_inheritable(True) on it before "
+            "starting the child (or hand the socket over with multiprocessing)",
+        )
+    # the family is the kernel socket's (gunicorn asks for AF_UNIX to learn
+    # what an inherited fd is), and it says which names its listener has:
+    # all of them came
+    tcp_fd, family = tcp[0]
+    probe = _std.socket(family, _std.SOCK_STREAM, 0, fileno=os.dup(tcp_fd))
+    try:
+        names = _paths.listen_names(family, probe)
+    finally:
+        probe.close()
+    if sorted(names) != sorted(n for n, _ in rv):
+        raise OSError(_errno.ENOTSOCK, f"fd {fileno}: an rsock listener's sockets do not match")
+    return _shared_listener(
+        family, type_ if type_ != -1 else _std.SOCK_STREAM, max(proto, 0),
+        _std.getdefaulttimeout(), None, os.dup(tcp_fd),
+        [(n, os.dup(fd)) for n, fd in rv], True, fileno,
+    )
 
 
 def _register_reducers() -> None:

@@ -177,6 +177,7 @@ def test_gunicorn(transport: str, tmp_path: Path, worker: str) -> None:
              "--worker-class", worker, "--bind", f"127.0.0.1:{port}",
              "--control-socket", str(tmp_path / "gunicorn.ctl"), GUNICORN_WORKERS[worker]),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        start_new_session=True,  # (a failed test ends the workers too: the group)
     )
     try:
         assert server.stderr is not None
@@ -200,9 +201,11 @@ def test_gunicorn(transport: str, tmp_path: Path, worker: str) -> None:
         rest = server.stderr.read()
         assert "Traceback" not in rest and "Exception in worker" not in rest, rest[-3000:]
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+        try:
+            os.killpg(server.pid, signal.SIGKILL)  # the master, and any worker left
+        except ProcessLookupError:
+            pass
+        server.wait()
         if server.stderr is not None:
             server.stderr.close()
     if transport == "rsock":

@@ -366,3 +366,81 @@ def test_a_source_tree_shadowing_the_install_says_so(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "shadows the installed package" in proc.stderr, proc.stderr
     assert "circular import" not in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.timeout_s(90)
+def test_a_listener_handed_to_an_exec_child(tmp_path: Path) -> None:
+    """The listener's fileno() inherited by a child the program starts
+    (werkzeug's reloader, gunicorn's re-exec): the child adopts it with
+    socket(fileno=...) and accepts, over shm, on the parent's listener."""
+    prog = Path(__file__).resolve().parent.parent / "programs" / "inherit_listener.py"
+    oracle = subprocess.run(
+        [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert oracle.returncode == 0, oracle.stderr
+    want = ["HELLO", "0", "HELLO", "1", "HELLO", "2", "child", "0"]
+    assert oracle.stdout.split() == want
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock", "run", "--report", "r.json", str(prog)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "RSOCK_FALLBACK": "strict"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == want
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["processes"] == 2
+    assert report["accept:shm"] == report["connect:shm"] == 3, report
+
+
+@pytest.mark.timeout_s(90)
+def test_a_listener_passed_alone_says_what_is_missing(tmp_path: Path) -> None:
+    """Only fileno() passed (pass_fds, no set_inheritable()): the kernel
+    listener goes over whole, rsock's sockets behind fileno() do not; the
+    child's socket(fileno=...) fails with ENOTSOCK and says why (README,
+    differences)."""
+    prog = Path(__file__).resolve().parent.parent / "programs" / "inherit_listener.py"
+    oracle = subprocess.run(
+        [sys.executable, str(prog), "--pass-fds"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert oracle.returncode == 0, oracle.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock", "run", str(prog), "--pass-fds"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "Socket operation on non-socket" in proc.stderr, proc.stderr[-2000:]
+    assert "call set_inheritable(True) on it before starting the child" in proc.stderr
+    assert "child 1" in proc.stdout
+
+
+RERUN = """\
+import socket, subprocess, sys
+if sys.argv[1:] == ["child"]:
+    with socket.create_connection(("127.0.0.1", int(input())), timeout=20) as c:
+        c.sendall(b"x")
+    sys.exit(0)
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen()
+# the command line again, as werkzeug's reloader starts it (sys.orig_argv)
+child = subprocess.Popen([*sys.orig_argv, "child"], stdin=subprocess.PIPE, text=True)
+child.communicate(str(ls.getsockname()[1]))
+conn, _ = ls.accept()
+print(conn.recv(1).decode(), child.wait())
+"""
+
+
+@pytest.mark.timeout_s(90)
+def test_run_inside_a_run_counts_into_its_report(tmp_path: Path) -> None:
+    """A program that starts its own command line again (werkzeug's reloader:
+    ``python -m rsock run --report r.json app.py`` once more in its child):
+    the inner run counts into the outer report (one file, the whole tree)."""
+    prog = tmp_path / "rerun.py"
+    prog.write_text(RERUN)
+    proc = rsock_run("run", "--report", "r.json", str(prog), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["x", "0"]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["processes"] == 2
+    assert report["connect:shm"] == report["accept:shm"] == 1, report

@@ -105,6 +105,11 @@ int rsk_socket(rsk_sock **out);
  * is exact as poll() of a TCP socket would be (readable: data, EOF or an
  * error; writable: a send would not block) once RSK_WATCH_FD is on. */
 int rsk_fileno(rsk_sock *s);
+/* The pollable fd moves onto fd's number (made first if need be; what fd
+ * was is closed, as dup2 does; its O_NONBLOCK flag is the pollable fd's):
+ * socket(fileno=fd) adopting what fd stood for.  Before anyone polls it
+ * (a poller of the old number loses it).  fd, or -errno. */
+int rsk_fileno_onto(rsk_sock *s, int fd);
 /* A connection's engine fds: the notify fd (see RSK_WATCH_NOTIFY; on shm
  * an eventfd made by this call) and the liveness fd (readable when the
  * peer is gone; on shm also when the peer rang: its wake-ups come there).

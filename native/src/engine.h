@@ -132,6 +132,8 @@ int eng_fd_make(rsk_sock *s);
  * O_NONBLOCK flag kept: that flag is the socket's mode, which rsock.socket
  * sets (eng_fd_renew, a listener's epfd).  0 or -errno. */
 int eng_fd_dup_onto(int from, int fa);
+/* Sets or clears fd's O_NONBLOCK flag (no call if it is so already). */
+void eng_fd_set_nonblock(int fd, int nb);
 /* The epoll fd of a listener, made on first use: 0 or -errno. */
 int eng_epfd(rsk_sock *s);
 /* s (fresh) takes over the connection in *res. */

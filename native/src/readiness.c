@@ -477,7 +477,7 @@ void eng_sync_fd(rsk_sock *s)
 	}
 }
 
-static void eng_fd_set_nonblock(int fd, int nb)
+void eng_fd_set_nonblock(int fd, int nb)
 {
 	int fl = fcntl(fd, F_GETFL);
 

@@ -150,6 +150,29 @@ int rsk_fileno(rsk_sock *s)
 	return rc;
 }
 
+int rsk_fileno_onto(rsk_sock *s, int fd)
+{
+	int rc, fl;
+
+	if (fd < 0)
+		return -EBADF;
+	eng_lock(s);
+	if (s->released || s->closed) {
+		rc = -EBADF;
+	} else if ((rc = eng_fd_make(s)) >= 0 && rc != fd) {
+		fl = fcntl(rc, F_GETFL);
+		if (dup3(rc, fd, O_CLOEXEC) < 0) {
+			rc = -errno;
+		} else {
+			eng_fd_set_nonblock(fd, fl >= 0 && (fl & O_NONBLOCK));
+			close(s->fa);
+			s->fa = rc = fd;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
 const char *rsk_detail(rsk_sock *s)
 {
 	return s->detail;

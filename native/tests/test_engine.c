@@ -5,6 +5,7 @@
  * protocol violations.  White-box where it helps (engine.h).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -863,6 +864,42 @@ static void t_listen_external_fd(void)
 	close(xl);
 }
 
+/* rsk_fileno_onto: a listener's pollable fd moves onto another number (what
+ * was there is closed), keeps its flags and still shows a pending client. */
+static void t_fileno_onto(void)
+{
+	struct rsk_addr x = { .family = AF_INET };
+	struct pollfd pfd;
+	rsk_sock *l, *c, *a;
+	int old, fd, p[2];
+
+	CHECK_EQ(rsk_socket(&l), 0);
+	CHECK_EQ(rsk_fileno_onto(l, -1), -EBADF);
+	CHECK_EQ(rsk_listen(l, "rsock-ctest/onto", 16, 4), 0);
+	old = rsk_fileno(l);
+	CHECK(old >= 0);
+	CHECK_EQ(pipe(p), 0); /* p[0]: a number in use, to be replaced */
+	fd = p[0];
+	CHECK_EQ(rsk_fileno_onto(l, fd), fd);
+	CHECK_EQ(rsk_fileno(l), fd);
+	CHECK_EQ(fcntl(old, F_GETFD), -1); /* the old number is closed */
+	CHECK(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	CHECK(fcntl(fd, F_GETFL) & O_NONBLOCK);
+	CHECK_EQ(rsk_fileno_onto(l, fd), fd); /* already there */
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/onto", 16, &x, &x, 1000), 0);
+	pfd = (struct pollfd){ .fd = fd, .events = POLLIN };
+	CHECK_EQ(poll(&pfd, 1, 1000), 1);
+	CHECK_EQ(rsk_accept(l, 1000, &a, NULL, NULL), 0);
+	rsk_free(a);
+	rsk_free(c);
+	rsk_close(l);
+	CHECK_EQ(rsk_fileno_onto(l, fd), -EBADF);
+	rsk_free(l);
+	CHECK_EQ(fcntl(fd, F_GETFD), -1); /* closed with the socket */
+	close(p[1]);
+}
+
 /* A rendezvous bound ahead of listen() refuses until someone listens; two
  * endpoints that adopt the same fd (as two processes that inherited it
  * would) serve one queue; any other kind of fd is refused; closing one
@@ -937,6 +974,7 @@ int main(void)
 	RUN(t_connect_before_accept);
 	RUN(t_garbage_client);
 	RUN(t_listen_external_fd);
+	RUN(t_fileno_onto);
 	RUN(t_listen_shared);
 	RUN(t_credit_exhaustion);
 	RUN(t_space_threshold);
