@@ -217,6 +217,57 @@ def test_gunicorn(transport: str, tmp_path: Path, worker: str) -> None:
             assert counts.get("asyncio:create_server") == 2, counts
 
 
+@pytest.mark.timeout_s(180)
+def test_flask_debug_server(transport: str, tmp_path: Path) -> None:
+    """``flask run --debug``: werkzeug's reloader binds the listener, makes
+    it inheritable and starts the command line again in a child, which
+    adopts the fd (socket.fromfd) and serves; driven by httpx; stopped with
+    SIGINT, as from a terminal."""
+    for module in ("flask", "httpx"):
+        importlib.import_module(module)  # make test installs the extra: never skipped
+    env = _env(transport)
+    env["PYTHONPATH"] = str(FW) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    port = _free_port()
+    server = subprocess.Popen(
+        _cmd(transport, tmp_path / "server.json", "-m", "flask", "--app", "flask_app",
+             "run", "--debug", "--port", str(port)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        start_new_session=True,  # (a failed test ends the reloader's child too)
+    )
+    try:
+        assert server.stderr is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = server.stderr.readline()
+            seen.append(line)
+            if "Debugger is active" in line or not line:
+                break  # (the child says it once it serves)
+        assert any("Debugger is active" in s for s in seen), "".join(seen)
+        client = subprocess.run(
+            _cmd(transport, tmp_path / "client.json", str(FW / "httpx_client.py"), str(port)),
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=150,
+        )
+        assert client.returncode == 0, client.stderr[-3000:]
+        assert client.stdout.split() == ["OK"]
+        os.killpg(server.pid, signal.SIGINT)  # (Ctrl-C reaches both processes)
+        server.wait(30)
+        rest = server.stderr.read()
+        assert "Traceback" not in rest, rest[-3000:]
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.wait()
+        if server.stderr is not None:
+            server.stderr.close()
+    if transport == "rsock":
+        _check_report(tmp_path / "client.json", "client")
+        counts = _check_report(tmp_path / "server.json", "server")
+        assert counts["processes"] == 2, counts  # the reloader and its server child
+
+
 @pytest.mark.timeout_s(240)
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_dask_local_cluster(transport: str, method: str, tmp_path: Path) -> None:
