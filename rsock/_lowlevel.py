@@ -522,6 +522,17 @@ def rendezvous_bind(name: bytes) -> int:
     return int(lib.rsk_rendezvous_bind(name, len(name)))
 
 
+def rendezvous_join(name: bytes, timeout_ms: int) -> int:
+    """The rendezvous socket bound to ``name`` from the listener of our uid
+    that holds it and allows joining (SO_REUSEPORT), or -errno."""
+    return int(lib.rsk_rendezvous_join(name, len(name), timeout_ms))
+
+
+def listen_reuseport(h: Handle, on: bool) -> int:
+    """The listener answers JOINs (SO_REUSEPORT)."""
+    return int(lib.rsk_listen_reuseport(h.ptr, 1 if on else 0))
+
+
 def listen_adopt(h: Handle, fd: int, backlog: int, shared: bool) -> int:
     """The bound rendezvous fd listens and joins h (h owns it on success);
     shared: other processes hold it too."""

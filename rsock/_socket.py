@@ -261,6 +261,43 @@ def live(fd: int) -> socket | None:
     return None if r is None else r()
 
 
+# how long bind() waits for the listener that holds a port's rendezvous name
+# to hand it over (SO_REUSEPORT: its process answers in accept)
+_JOIN_WAIT_MS = 1000
+
+
+# rendezvous name -> the listener of this process that took it with
+# SO_REUSEPORT (another of this process joins it directly: _join_here)
+_reuse_holders: dict[bytes, weakref.ref[socket]] = {}
+
+
+def _join_here(name: bytes) -> int:
+    """A dup of the rendezvous socket a listener of this process holds for
+    ``name`` with SO_REUSEPORT (shared from then on), or -1."""
+    ref = _reuse_holders.get(name)
+    holder = ref() if ref is not None else None
+    if holder is None or holder._h is None or not holder._core.listening:
+        return -1
+    tcp = holder._core.tcp
+    if tcp is None:
+        return -1
+    try:
+        names = _paths.listen_names(holder._family, tcp)
+        fds = _ll.listen_fds(holder._h)  # (shared from now on)
+    except OSError:
+        return -1
+    holder._core.shared = True
+    for n, fd in zip(names, fds, strict=False):
+        if n == name:
+            return os.dup(fd)
+    return -1
+
+
+def _reuseport(tcp: _std.socket) -> bool:
+    opt = getattr(_std, "SO_REUSEPORT", None)
+    return opt is not None and bool(tcp.getsockopt(_std.SOL_SOCKET, opt))
+
+
 def owner_of(obj: Any) -> socket | None:
     """The open rsock socket whose ``fileno()`` ``obj.fileno()`` returns
     (obj being a proxy of it: an object that forwards to a socket), or None."""
@@ -1059,8 +1096,22 @@ class socket:
             if name in core.rv:
                 continue
             fd = _ll.rendezvous_bind(name)
+            for _ in range(3):
+                if fd != -_errno.EADDRINUSE or not _reuseport(tcp):
+                    break
+                # SO_REUSEPORT: the kernel let our port join another
+                # listener's, so ours joins its rendezvous socket (that
+                # listener's process answers in accept), or binds the name
+                # if it went meanwhile (-EAGAIN)
+                fd = _join_here(name)
+                if fd < 0:
+                    fd = _ll.rendezvous_join(name, _JOIN_WAIT_MS)
+                if fd >= 0:
+                    core.shared = True
+                elif fd == -_errno.EAGAIN:
+                    fd = _ll.rendezvous_bind(name)
             if fd < 0:
-                raise _ll.oserror(fd)
+                raise _ll.oserror(-_errno.EADDRINUSE if fd == -_errno.EAGAIN else fd)
             core.rv[name] = fd
 
     @routed
@@ -1223,6 +1274,12 @@ class socket:
         rc = _ll.listen_fd(h, tcp.fileno())
         if rc < 0:
             raise _ll.oserror(rc)
+        if _reuseport(tcp):  # (other listeners of the port may join ours)
+            rc = _ll.listen_reuseport(h, True)
+            if rc < 0:
+                raise _ll.oserror(rc)
+            for name in _paths.listen_names(self._family, tcp):
+                _reuse_holders[name] = weakref.ref(self)
         core.listening = True
         if core.inheritable:
             self._inherit_fds()

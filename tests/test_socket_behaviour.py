@@ -273,6 +273,53 @@ def test_accept_several_clients(sockmod: ModuleType, transport: str) -> None:
                 c.close()
 
 
+def test_two_listeners_share_a_port_with_so_reuseport(
+    sockmod: ModuleType, transport: str
+) -> None:
+    """SO_REUSEPORT on both: the second listener binds the first's port and
+    every client is accepted by one of them (the kernel spreads them by a
+    hash, rsock's two listeners share one queue); without it on the second,
+    its bind fails with EADDRINUSE."""
+    first = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+    second = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+    third = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+    clients = []
+    try:
+        first.setsockopt(sockmod.SOL_SOCKET, sockmod.SO_REUSEPORT, 1)
+        first.bind(("127.0.0.1", 0))
+        first.listen(16)
+        port = first.getsockname()[1]
+        with pytest.raises(OSError) as e:
+            third.bind(("127.0.0.1", port))
+        assert e.value.errno == errno.EADDRINUSE
+        second.setsockopt(sockmod.SOL_SOCKET, sockmod.SO_REUSEPORT, 1)
+        second.bind(("127.0.0.1", port))
+        second.listen(16)
+        assert second.getsockname() == first.getsockname()
+        for i in range(8):
+            c = sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM)
+            clients.append(c)
+            c.settimeout(20)
+            c.connect(("127.0.0.1", port))
+            c.sendall(b"%d" % i)
+        got = []
+        for listener in (first, second):
+            listener.setblocking(False)
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except BlockingIOError:
+                    break
+                with conn:
+                    assert_fast_path(transport, conn)
+                    conn.settimeout(20)
+                    got.append(conn.recv(1))
+        assert sorted(got) == [b"%d" % i for i in range(8)]
+    finally:
+        for s in (first, second, third, *clients):
+            s.close()
+
+
 def test_connect_completes_before_accept(sockmod: ModuleType, transport: str) -> None:
     """Like TCP, connect() returns once the listener's backlog holds the connection,
     before the server calls accept(); data sent meanwhile waits for the server."""

@@ -444,3 +444,28 @@ def test_run_inside_a_run_counts_into_its_report(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["processes"] == 2
     assert report["connect:shm"] == report["accept:shm"] == 1, report
+
+
+@pytest.mark.timeout_s(120)
+def test_two_server_processes_share_a_port_with_so_reuseport(tmp_path: Path) -> None:
+    """Two processes each run asyncio.start_server(reuse_port=True) on one
+    port (aiohttp's web.run_app(reuse_port=True) started twice): the second
+    joins the first's listener; every client gets an answer."""
+    prog = Path(__file__).resolve().parent.parent / "programs" / "reuseport_servers.py"
+    want = ["replies", "40", "server", "0", "server", "0"]
+    oracle = subprocess.run(
+        [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=90
+    )
+    assert oracle.returncode == 0, oracle.stderr
+    assert oracle.stdout.split() == want
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock", "run", "--report", "r.json", str(prog)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=90,
+        env={**os.environ, "RSOCK_FALLBACK": "strict"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == want
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["processes"] == 3
+    assert report["asyncio:create_server"] == 2
+    assert report["accept:shm"] == report["connect:shm"] == 40, report

@@ -185,6 +185,16 @@ int rsk_listen(rsk_sock *s, const char *name, size_t namelen, int backlog);
  * rendezvous fds (still s's, and shared from then on) and returns how many
  * it has. */
 int rsk_rendezvous_bind(const char *name, size_t namelen);
+/* SO_REUSEPORT across processes (PROTOCOL.md section 6, JOIN): with
+ * rsk_listen_reuseport on, a listener answers the JOINs that come to its
+ * accept with its rendezvous socket, and is shared from then on;
+ * rsk_rendezvous_join, where rsk_rendezvous_bind found the name taken,
+ * asks the listener of our uid that holds it and returns that socket's fd
+ * (for rsk_listen_adopt, shared), waiting up to timeout_ms (-1: 1 s) for
+ * its process to accept: -EADDRINUSE if it does not allow it, is another
+ * uid's or does not answer; -EAGAIN if nobody holds the name any more. */
+int rsk_listen_reuseport(rsk_sock *s, int on);
+int rsk_rendezvous_join(const char *name, size_t namelen, int timeout_ms);
 int rsk_listen_adopt(rsk_sock *s, int fd, int backlog, int shared);
 int rsk_listen_fds(rsk_sock *s, int *fds, int n);
 /* Also listen on fd (not owned; e.g. a kernel TCP listener on the same

@@ -101,6 +101,10 @@ struct cm_host {
 	 * renewed fileno(), its accept takes first). */
 	int (*prepare)(void *arg);
 	void *arg;
+	/* accept: other processes of our uid may join the listener
+	 * (SO_REUSEPORT: rsk_listen_reuseport); it is shared once one did */
+	int reuseport;
+	int *lshared;
 	char *detail; /* why a call (or a client) failed */
 	size_t dlen;
 };
@@ -131,6 +135,11 @@ struct cm_ops {
 	 * -errno)?; and listen on it as listen does on a name (fd is the
 	 * listener's on success only). */
 	int (*bind)(const char *name, size_t namelen);
+	/* name is taken: the rendezvous socket bound to it, from the listener
+	 * of our uid that holds it, if that listener allows joining
+	 * (SO_REUSEPORT); waits up to timeout_ms for it.  -EADDRINUSE if not,
+	 * -EAGAIN if nobody holds the name any more. */
+	int (*join)(const char *name, size_t namelen, int timeout_ms);
 	int (*adoptable)(int fd);
 	int (*adopt)(int fd, int backlog, const struct cm_host *h,
 		     struct cm_listener **l);

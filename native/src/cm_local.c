@@ -39,6 +39,8 @@
 #define CM_REQ 1
 #define CM_REJ 3
 #define CM_REQ_SLOT 4 /* a slot of an arena (prov_shm.c) */
+#define CM_JOIN 5     /* SO_REUSEPORT: hand me your rendezvous socket */
+#define CM_JOIN_OK 6  /* ... here it is (one fd) */
 
 struct cm_msg {
 	uint32_t magic;
@@ -240,17 +242,20 @@ static int cm_recv(int fd, struct cm_msg *m, int fds[CM_MAX_FDS],
 		rc = -ECONNRESET;
 	else if ((mh.msg_flags & MSG_CTRUNC) && n == sizeof(*m) &&
 		 ((m->kind == CM_REQ && ngot < CM_REQ_FDS + CM_WAKE_FDS) ||
-		  (m->kind == CM_REQ_SLOT && ngot < CM_SLOT_FDS + CM_WAKE_FDS)))
+		  (m->kind == CM_REQ_SLOT && ngot < CM_SLOT_FDS + CM_WAKE_FDS) ||
+		  (m->kind == CM_JOIN_OK && ngot < 1)))
 		/* the kernel could not give us the fds (our fd table is
 		 * full: it cannot say which limit), not the client's doing */
 		rc = -EMFILE;
 	else if (n != sizeof(*m) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ||
 		 m->magic != CM_MAGIC)
 		rc = -EPROTO;
-	want = rc == 0 && m->kind == CM_REJ	   ? 0
-	       : rc == 0 && m->kind == CM_REQ_SLOT ? CM_SLOT_FDS
-						   : CM_REQ_FDS;
-	if (rc == 0 && ngot != want && (want == 0 || ngot != want + CM_WAKE_FDS) &&
+	want = rc == 0 && (m->kind == CM_REJ || m->kind == CM_JOIN) ? 0
+	       : rc == 0 && (m->kind == CM_REQ_SLOT || m->kind == CM_JOIN_OK)
+		       ? CM_SLOT_FDS
+		       : CM_REQ_FDS;
+	if (rc == 0 && ngot != want &&
+	    (want == 0 || m->kind == CM_JOIN_OK || ngot != want + CM_WAKE_FDS) &&
 	    m->version == CM_LOCAL_VERSION)
 		rc = -EPROTO;
 	if (rc || m->version != CM_LOCAL_VERSION) {
@@ -280,7 +285,7 @@ static int cm_geom_ok(uint32_t ring, uint32_t q)
  * detail. */
 static int cm_check(const struct cm_msg *m, char *detail, size_t dlen)
 {
-	if (m->kind != CM_REQ && m->kind != CM_REQ_SLOT) {
+	if (m->kind != CM_REQ && m->kind != CM_REQ_SLOT && m->kind != CM_JOIN) {
 		snprintf(detail, dlen, "handshake: unexpected message kind %u",
 			 m->kind);
 		return -EPROTO;
@@ -291,6 +296,8 @@ static int cm_check(const struct cm_msg *m, char *detail, size_t dlen)
 			 m->version, CM_LOCAL_VERSION);
 		return -EPROTONOSUPPORT;
 	}
+	if (m->kind == CM_JOIN)
+		return 0; /* (nothing more in it) */
 	if (!cm_geom_ok(m->ring_size, m->qdepth) ||
 	    (m->kind == CM_REQ &&
 	     !cm_geom_ok(m->srv_ring_size, m->srv_qdepth)) ||
@@ -416,6 +423,9 @@ static void cm_dequeue(int fd)
 		;
 }
 
+/* cm_accept_req_early's answer to a JOIN (cm_join_answer's to give) */
+#define CM_JOINING 1
+
 /* cm_accept_req; early: the REQ may not be there yet, and then the
  * result is -EINPROGRESS with fd left as it was (one recvmsg says so: no
  * poll of its own before it). */
@@ -446,6 +456,8 @@ static int cm_accept_req_early(int fd, const struct rsk_opts *o,
 	rc = cm_check(&req, detail, dlen);
 	if (rc)
 		goto reject;
+	if (req.kind == CM_JOIN)
+		return CM_JOINING; /* (no fds came; the JOIN stays queued) */
 	res->ops = &shm_ops;
 	rc = fault_config(); /* a malformed RSOCK_FAULT: -EINVAL */
 	if (rc >= 0 && req.kind == CM_REQ_SLOT) {
@@ -521,7 +533,16 @@ reject:
 int cm_accept_req(int fd, const struct rsk_opts *o, struct cm_result *res,
 		  char *detail, size_t dlen)
 {
-	return cm_accept_req_early(fd, o, res, detail, dlen, 0);
+	int rc = cm_accept_req_early(fd, o, res, detail, dlen, 0);
+
+	if (rc == CM_JOINING) { /* not a connection: refused here */
+		snprintf(detail, dlen, "handshake: a JOIN where a REQ was due");
+		cm_dequeue(fd);
+		cm_reject(fd, EPROTO);
+		close(fd);
+		rc = -EPROTO;
+	}
+	return rc;
 }
 
 int cm_parse_reject(const void *buf, size_t len, char *detail, size_t dlen)
@@ -879,6 +900,35 @@ static int cm_req_soon(int fd)
 	return poll(&p, 1, 1) > 0 && cm_req_ready(fd);
 }
 
+/* A JOIN (SO_REUSEPORT; PROTOCOL.md section 6) came to l through fd (its
+ * uid checked at accept): the rendezvous socket it came to, if l allows
+ * joining, and l is shared from then on; else REJ EADDRINUSE.  fd goes. */
+static void cm_join_answer(struct cm_listener *l, const struct cm_host *h,
+			   int fd)
+{
+	struct sockaddr_un a, b;
+	socklen_t al = sizeof(a), bl;
+	struct cm_msg m;
+	int i, k = -1;
+
+	cm_dequeue(fd);
+	if (h->reuseport && getsockname(fd, (struct sockaddr *)&a, &al) == 0)
+		for (i = 0; i < l->nfd && k < 0; i++) {
+			bl = sizeof(b);
+			if (getsockname(l->fd[i], (struct sockaddr *)&b, &bl) == 0 &&
+			    bl == al && !memcmp(&a, &b, al))
+				k = i;
+		}
+	if (k < 0) {
+		cm_reject(fd, EADDRINUSE);
+	} else {
+		cm_fill(&m, CM_JOIN_OK, NULL);
+		if (cm_send(fd, &m, &l->fd[k], 1) == 0 && h->lshared)
+			*h->lshared = 1; /* another process may accept now */
+	}
+	close(fd);
+}
+
 /*
  * One step of accepting, never blocking (but cm_req_soon): a parked
  * client whose REQ has arrived is handshaken; new clients are taken off the
@@ -902,6 +952,11 @@ static int cm_local_accept(struct cm_listener *l, const struct cm_host *h,
 			if (rc == 0) {
 				cm_pend_drop(l, i, 0);
 				return 0;
+			}
+			if (rc == CM_JOINING) {
+				cm_pend_drop(l, i, 0);
+				cm_join_answer(l, h, fd);
+				continue;
 			}
 			if (!cm_short(rc)) {
 				cm_pend_drop(l, i, 0); /* a bad client costs only
@@ -945,6 +1000,10 @@ static int cm_local_accept(struct cm_listener *l, const struct cm_host *h,
 			}
 			if (rc == 0)
 				return 0;
+			if (rc == CM_JOINING) {
+				cm_join_answer(l, h, fd);
+				continue;
+			}
 			if (cm_short(rc)) {
 				cm_park(l, fd, 1, now);
 				return rc;
@@ -986,6 +1045,57 @@ static void cm_local_listen_close(struct cm_listener *l)
 	free(l);
 }
 
+/* rsk_rendezvous_join: the rendezvous socket bound to name, from the
+ * listener of our uid that holds it (PROTOCOL.md section 6: JOIN). */
+static int cm_join(const char *name, size_t namelen, int timeout_ms)
+{
+	struct sockaddr_un sa;
+	socklen_t len;
+	struct cm_msg m;
+	int fd, rc, fds[CM_MAX_FDS], nfds;
+
+	if ((rc = cm_addr(name, namelen, &sa, &len)))
+		return rc;
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, len) < 0) {
+		/* gone since our bind failed: the caller binds again */
+		rc = errno == ECONNREFUSED ? -EAGAIN : -EADDRINUSE;
+		goto out;
+	}
+	rc = -EADDRINUSE;
+	if (!cm_peer_uid_ok(fd, NULL))
+		goto out; /* another uid's: never */
+	cm_fill(&m, CM_JOIN, NULL);
+	if (cm_send(fd, &m, NULL, 0))
+		goto out;
+	rc = cm_recv(fd, &m, fds, &nfds, timeout_ms < 0 ? 1000 : timeout_ms, 0);
+	if (rc) {
+		rc = rc == -EMFILE ? rc : -EADDRINUSE;
+		goto out;
+	}
+	if (m.kind != CM_JOIN_OK) {
+		rc = m.kind == CM_REJ && m.reason == EADDRINUSE ? -EADDRINUSE
+								 : -EPROTO;
+		while (nfds > 0)
+			close(fds[--nfds]);
+		goto out;
+	}
+	/* untrusted: a listening rendezvous socket bound to that very name */
+	rc = fds[0];
+	len = sizeof(sa);
+	if (cm_is_rendezvous(rc) || getsockname(rc, (struct sockaddr *)&sa, &len) ||
+	    len != offsetof(struct sockaddr_un, sun_path) + 1 + namelen ||
+	    memcmp(sa.sun_path + 1, name, namelen)) {
+		close(rc);
+		rc = -EPROTO;
+	}
+out:
+	close(fd);
+	return rc;
+}
+
 const struct cm_ops cm_local_ops = {
 	.name = "local",
 	.by_name = 1,
@@ -993,6 +1103,7 @@ const struct cm_ops cm_local_ops = {
 	.connect = cm_local_connect,
 	.listen = cm_local_listen,
 	.bind = cm_bind_fd,
+	.join = cm_join,
 	.adoptable = cm_is_rendezvous,
 	.adopt = cm_local_adopt,
 	.listen_fds = cm_local_listen_fds,

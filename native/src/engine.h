@@ -71,8 +71,9 @@ struct rsk_sock {
 	 * (cm.h: the manager keeps its fds and waiting clients) */
 	struct cm_listener *ls[CM_NMANAGERS];
 	int lshared; /* the listeners' fds are shared with other processes
-		      * (rsk_listen_fds, rsk_listen_adopt): never shut down
-		      * on close */
+		      * (rsk_listen_fds, rsk_listen_adopt, a JOIN answered):
+		      * never shut down on close */
+	int reuseport; /* rsk_listen_reuseport: JOINs are answered */
 	int xfd; /* rsk_listen_fd: not owned, -1 if none */
 
 	/* connection: the protocol's state (proto.h), its provider (p.ops,

@@ -53,6 +53,8 @@ static struct cm_host eng_host(rsk_sock *s, int (*prepare)(void *), void *arg)
 		.o = &s->opts,
 		.prepare = prepare,
 		.arg = arg,
+		.reuseport = s->reuseport,
+		.lshared = &s->lshared,
 		.detail = s->detail,
 		.dlen = sizeof(s->detail),
 	};
@@ -116,6 +118,22 @@ int rsk_listen_verbs(rsk_sock *s, const struct rsk_addr *addr, int backlog)
 int rsk_rendezvous_bind(const char *name, size_t namelen)
 {
 	return cm_kind(1)->bind(name, namelen);
+}
+
+int rsk_rendezvous_join(const char *name, size_t namelen, int timeout_ms)
+{
+	return cm_kind(1)->join(name, namelen, timeout_ms);
+}
+
+int rsk_listen_reuseport(rsk_sock *s, int on)
+{
+	int rc;
+
+	if ((rc = eng_enter(s)))
+		return rc;
+	s->reuseport = !!on;
+	eng_leave(s);
+	return 0;
 }
 
 int rsk_listen_adopt(rsk_sock *s, int fd, int backlog, int shared)

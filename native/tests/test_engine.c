@@ -956,6 +956,71 @@ static void t_listen_shared(void)
 	rsk_free(l1);
 }
 
+/* A thread that accepts one connection on a listener (JOINs that come
+ * meanwhile are answered inside its accept). */
+struct acceptor {
+	rsk_sock *l;
+	int rc;
+	rsk_sock *a;
+};
+
+static void *acceptor_run(void *arg)
+{
+	struct acceptor *x = arg;
+
+	x->rc = rsk_accept(x->l, 5000, &x->a, NULL, NULL);
+	return NULL;
+}
+
+/* SO_REUSEPORT's JOIN: a listener that allows it hands its rendezvous
+ * socket to a joiner through its accept (which goes on waiting); the joiner
+ * adopts it and serves the same queue; one that does not allow it refuses
+ * (EADDRINUSE), and a name nobody holds says -EAGAIN. */
+static void t_reuseport_join(void)
+{
+	struct rsk_addr x = { .family = AF_INET };
+	struct acceptor acc = { 0 };
+	rsk_sock *l1, *l2, *c, *a;
+	pthread_t t;
+	int fd;
+
+	CHECK_EQ(rsk_rendezvous_join("rsock-ctest/rp", 14, 100), -EAGAIN);
+	CHECK_EQ(rsk_socket(&l1), 0);
+	CHECK_EQ(rsk_listen(l1, "rsock-ctest/rp", 14, 4), 0);
+	/* not allowed: its accept refuses the JOIN */
+	acc.l = l1;
+	pthread_create(&t, NULL, acceptor_run, &acc);
+	CHECK_EQ(rsk_rendezvous_join("rsock-ctest/rp", 14, 2000), -EADDRINUSE);
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/rp", 14, &x, &x, 1000), 0);
+	pthread_join(t, NULL);
+	CHECK_EQ(acc.rc, 0);
+	rsk_free(acc.a);
+	rsk_free(c);
+	/* allowed: the accept hands the socket over and takes the client */
+	CHECK_EQ(rsk_listen_reuseport(l1, 1), 0);
+	acc.a = NULL;
+	pthread_create(&t, NULL, acceptor_run, &acc);
+	fd = rsk_rendezvous_join("rsock-ctest/rp", 14, 2000);
+	CHECK(fd >= 0);
+	CHECK_EQ(rsk_socket(&l2), 0);
+	CHECK_EQ(rsk_listen_adopt(l2, fd, 4, 1), 0);
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/rp", 14, &x, &x, 1000), 0);
+	pthread_join(t, NULL);
+	CHECK_EQ(acc.rc, 0);
+	rsk_free(acc.a);
+	rsk_free(c);
+	/* both serve one queue; the first closing leaves the joiner serving */
+	rsk_free(l1);
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/rp", 14, &x, &x, 1000), 0);
+	CHECK_EQ(rsk_accept(l2, 1000, &a, NULL, NULL), 0);
+	rsk_free(a);
+	rsk_free(c);
+	rsk_free(l2);
+}
+
 static void t_refused(void)
 {
 	struct rsk_addr x = { .family = AF_INET };
@@ -976,6 +1041,7 @@ int main(void)
 	RUN(t_listen_external_fd);
 	RUN(t_fileno_onto);
 	RUN(t_listen_shared);
+	RUN(t_reuseport_join);
 	RUN(t_credit_exhaustion);
 	RUN(t_space_threshold);
 	RUN(t_threshold_sizes);
