@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,6 +216,80 @@ def test_gunicorn(transport: str, tmp_path: Path, worker: str) -> None:
         if worker != "sync":
             # each worker's event loop serves the listener through rsock.asyncio
             assert counts.get("asyncio:create_server") == 2, counts
+
+
+def _wait_for(stream: Any, what: str, count: int, seen: list[str]) -> None:
+    deadline = time.monotonic() + 60
+    while sum(what in s for s in seen) < count and time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        seen.append(line)
+    assert sum(what in s for s in seen) >= count, "".join(seen)
+
+
+@pytest.mark.timeout_s(180)
+def test_gunicorn_upgrade_on_usr2(transport: str, tmp_path: Path) -> None:
+    """gunicorn's binary upgrade ("Upgrading to a new binary on the fly"):
+    USR2 makes the master start a new master by fork and exec, which adopts
+    the listener from the fds it inherited (GUNICORN_FD, socket.fromfd);
+    then TERM to the old master leaves the new one serving the same port."""
+    for module in ("gunicorn", "httpx"):
+        importlib.import_module(module)
+    env = _env(transport)
+    env["PYTHONPATH"] = str(FW) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    port = _free_port()
+    client_cmd = _cmd(transport, tmp_path / "client.json", str(FW / "httpx_client.py"), str(port))
+    server = subprocess.Popen(
+        _cmd(transport, tmp_path / "server.json", "-m", "gunicorn", "--workers", "1",
+             "--bind", f"127.0.0.1:{port}", "--control-socket", str(tmp_path / "g.ctl"),
+             "wsgi_app:app"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        start_new_session=True,  # (the new master lives in the same session)
+    )
+    new_master = 0
+    try:
+        assert server.stderr is not None
+        seen: list[str] = []
+        _wait_for(server.stderr, "Booting worker", 1, seen)
+        client = subprocess.run(client_cmd, capture_output=True, text=True, env=env,
+                                cwd=tmp_path, timeout=150)
+        assert client.returncode == 0 and client.stdout.split() == ["OK"], client.stderr[-3000:]
+        server.send_signal(signal.SIGUSR2)
+        _wait_for(server.stderr, "Booting worker", 2, seen)  # the new master's worker
+        starts = [s for s in seen if "Starting gunicorn" in s]
+        assert len(starts) == 2, "".join(seen)
+        new_master = int(starts[1].split("[")[2].split("]")[0])
+        assert new_master != server.pid
+        server.send_signal(signal.SIGTERM)  # the old master and its worker go
+        assert server.wait(30) == 0
+        _wait_for(server.stderr, "Master has been promoted", 1, seen)
+        client = subprocess.run(client_cmd, capture_output=True, text=True, env=env,
+                                cwd=tmp_path, timeout=150)
+        assert client.returncode == 0 and client.stdout.split() == ["OK"], client.stderr[-3000:]
+        os.kill(new_master, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{new_master}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break  # (exited; its new parent reaps it)
+            except FileNotFoundError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the new master did not stop")
+        assert "Traceback" not in "".join(seen)
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)  # whatever is left of both masters
+        except ProcessLookupError:
+            pass
+        server.wait()
+        if server.stderr is not None:
+            server.stderr.close()
+    if transport == "rsock":
+        _check_report(tmp_path / "client.json", "client")
 
 
 @pytest.mark.timeout_s(180)
