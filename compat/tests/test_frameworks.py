@@ -10,6 +10,7 @@ The frameworks are the test-only extra ``compat`` (pinned in pyproject.toml;
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -19,8 +20,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -100,6 +101,56 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _fw_env(transport: str) -> dict[str, str]:
+    """The environment of a server run with ``-m``: its app module found in
+    compat/frameworks."""
+    env = _env(transport)
+    env["PYTHONPATH"] = str(FW) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    return env
+
+
+@contextlib.contextmanager
+def _served(cmd: list[str], env: dict[str, str], cwd: Path) -> Iterator[subprocess.Popen[str]]:
+    """A server command (its log on stderr) in a session of its own: on the
+    way out whatever is left of it (workers, a new master) is killed."""
+    server = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        yield server
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.wait()
+        if server.stderr is not None:
+            server.stderr.close()
+
+
+def _wait_for(server: subprocess.Popen[str], what: str, count: int, seen: list[str]) -> None:
+    """Reads the server's log into ``seen`` until ``what`` was said ``count``
+    times (a minute at most)."""
+    assert server.stderr is not None
+    deadline = time.monotonic() + 60
+    while sum(what in s for s in seen) < count and time.monotonic() < deadline:
+        line = server.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+    assert sum(what in s for s in seen) >= count, "".join(seen)
+
+
+def _httpx_client(transport: str, tmp_path: Path, env: dict[str, str], port: int) -> None:
+    client = subprocess.run(
+        _cmd(transport, tmp_path / "client.json", str(FW / "httpx_client.py"), str(port)),
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=150,
+    )
+    assert client.returncode == 0, client.stderr[-3000:]
+    assert client.stdout.split() == ["OK"]
+
+
 @pytest.mark.timeout_s(180)
 @pytest.mark.parametrize(
     "options",
@@ -113,42 +164,19 @@ def test_uvicorn_with_httpx(transport: str, tmp_path: Path, options: list[str]) 
     terminal."""
     importlib.import_module("uvicorn")
     importlib.import_module("httpx")
-    env = _env(transport)
-    env["PYTHONPATH"] = str(FW) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    env = _fw_env(transport)
     port = _free_port()
-    server = subprocess.Popen(
-        _cmd(transport, tmp_path / "server.json", "-m", "uvicorn", "asgi_app:app",
-             "--host", "127.0.0.1", "--port", str(port), "--log-level", "info", *options),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-    )
-    try:
-        assert server.stderr is not None
+    cmd = _cmd(transport, tmp_path / "server.json", "-m", "uvicorn", "asgi_app:app",
+               "--host", "127.0.0.1", "--port", str(port), "--log-level", "info", *options)
+    with _served(cmd, env, tmp_path) as server:
         seen: list[str] = []
         # with workers: each says it started, then the app starts up
-        starts = 2 if "--workers" in options else 1
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = server.stderr.readline()
-            seen.append(line)
-            ready = sum("Application startup complete" in s for s in seen) == starts
-            if (ready and any("Uvicorn running on" in s for s in seen)) or not line:
-                break
-        assert any("Uvicorn running on" in s for s in seen), "".join(seen)
-        assert sum("Application startup complete" in s for s in seen) == starts, "".join(seen)
-        client = subprocess.run(
-            _cmd(transport, tmp_path / "client.json", str(FW / "httpx_client.py"), str(port)),
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=150,
-        )
-        assert client.returncode == 0, client.stderr[-3000:]
-        assert client.stdout.split() == ["OK"]
+        _wait_for(server, "Application startup complete", 2 if "--workers" in options else 1,
+                  seen)
+        _wait_for(server, "Uvicorn running on", 1, seen)  # (before or after those)
+        _httpx_client(transport, tmp_path, env, port)
         server.send_signal(signal.SIGINT)
         assert server.wait(30) == 0
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        if server.stderr is not None:
-            server.stderr.close()
     if transport == "rsock":
         _check_report(tmp_path / "client.json", "client")
         _check_report(tmp_path / "server.json", "server")
@@ -170,45 +198,21 @@ def test_gunicorn(transport: str, tmp_path: Path, worker: str) -> None:
     The listener a worker's event loop gets is gunicorn's proxy of it."""
     for module in ("gunicorn", "httpx", worker.split(".")[0] if "." in worker else "gunicorn"):
         importlib.import_module(module)  # make test installs the extra: never skipped
-    env = _env(transport)
-    env["PYTHONPATH"] = str(FW) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    env = _fw_env(transport)
     port = _free_port()
-    server = subprocess.Popen(
-        _cmd(transport, tmp_path / "server.json", "-m", "gunicorn", "--workers", "2",
-             "--worker-class", worker, "--bind", f"127.0.0.1:{port}",
-             "--control-socket", str(tmp_path / "gunicorn.ctl"), GUNICORN_WORKERS[worker]),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-        start_new_session=True,  # (a failed test ends the workers too: the group)
-    )
-    try:
-        assert server.stderr is not None
+    cmd = _cmd(transport, tmp_path / "server.json", "-m", "gunicorn", "--workers", "2",
+               "--worker-class", worker, "--bind", f"127.0.0.1:{port}",
+               "--control-socket", str(tmp_path / "gunicorn.ctl"), GUNICORN_WORKERS[worker])
+    with _served(cmd, env, tmp_path) as server:
         seen: list[str] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = server.stderr.readline()
-            seen.append(line)
-            if sum("Booting worker" in s for s in seen) == 2 or not line:
-                break
+        _wait_for(server, "Booting worker", 2, seen)
         assert any("Listening at" in s for s in seen), "".join(seen)
-        assert sum("Booting worker" in s for s in seen) == 2, "".join(seen)
-        client = subprocess.run(
-            _cmd(transport, tmp_path / "client.json", str(FW / "httpx_client.py"), str(port)),
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=150,
-        )
-        assert client.returncode == 0, client.stderr[-3000:]
-        assert client.stdout.split() == ["OK"]
+        _httpx_client(transport, tmp_path, env, port)
         server.send_signal(signal.SIGTERM)
         assert server.wait(30) == 0
+        assert server.stderr is not None
         rest = server.stderr.read()
         assert "Traceback" not in rest and "Exception in worker" not in rest, rest[-3000:]
-    finally:
-        try:
-            os.killpg(server.pid, signal.SIGKILL)  # the master, and any worker left
-        except ProcessLookupError:
-            pass
-        server.wait()
-        if server.stderr is not None:
-            server.stderr.close()
     if transport == "rsock":
         _check_report(tmp_path / "client.json", "client")
         counts = _check_report(tmp_path / "server.json", "server")
@@ -216,16 +220,6 @@ def test_gunicorn(transport: str, tmp_path: Path, worker: str) -> None:
         if worker != "sync":
             # each worker's event loop serves the listener through rsock.asyncio
             assert counts.get("asyncio:create_server") == 2, counts
-
-
-def _wait_for(stream: Any, what: str, count: int, seen: list[str]) -> None:
-    deadline = time.monotonic() + 60
-    while sum(what in s for s in seen) < count and time.monotonic() < deadline:
-        line = stream.readline()
-        if not line:
-            break
-        seen.append(line)
-    assert sum(what in s for s in seen) >= count, "".join(seen)
 
 
 @pytest.mark.timeout_s(180)
@@ -236,37 +230,25 @@ def test_gunicorn_upgrade_on_usr2(transport: str, tmp_path: Path) -> None:
     then TERM to the old master leaves the new one serving the same port."""
     for module in ("gunicorn", "httpx"):
         importlib.import_module(module)
-    env = _env(transport)
-    env["PYTHONPATH"] = str(FW) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    env = _fw_env(transport)
     port = _free_port()
-    client_cmd = _cmd(transport, tmp_path / "client.json", str(FW / "httpx_client.py"), str(port))
-    server = subprocess.Popen(
-        _cmd(transport, tmp_path / "server.json", "-m", "gunicorn", "--workers", "1",
-             "--bind", f"127.0.0.1:{port}", "--control-socket", str(tmp_path / "g.ctl"),
-             "wsgi_app:app"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-        start_new_session=True,  # (the new master lives in the same session)
-    )
-    new_master = 0
-    try:
-        assert server.stderr is not None
+    cmd = _cmd(transport, tmp_path / "server.json", "-m", "gunicorn", "--workers", "1",
+               "--bind", f"127.0.0.1:{port}", "--control-socket", str(tmp_path / "g.ctl"),
+               "wsgi_app:app")
+    with _served(cmd, env, tmp_path) as server:  # (the new master joins its session)
         seen: list[str] = []
-        _wait_for(server.stderr, "Booting worker", 1, seen)
-        client = subprocess.run(client_cmd, capture_output=True, text=True, env=env,
-                                cwd=tmp_path, timeout=150)
-        assert client.returncode == 0 and client.stdout.split() == ["OK"], client.stderr[-3000:]
+        _wait_for(server, "Booting worker", 1, seen)
+        _httpx_client(transport, tmp_path, env, port)
         server.send_signal(signal.SIGUSR2)
-        _wait_for(server.stderr, "Booting worker", 2, seen)  # the new master's worker
+        _wait_for(server, "Booting worker", 2, seen)  # the new master's worker
         starts = [s for s in seen if "Starting gunicorn" in s]
         assert len(starts) == 2, "".join(seen)
         new_master = int(starts[1].split("[")[2].split("]")[0])
         assert new_master != server.pid
         server.send_signal(signal.SIGTERM)  # the old master and its worker go
         assert server.wait(30) == 0
-        _wait_for(server.stderr, "Master has been promoted", 1, seen)
-        client = subprocess.run(client_cmd, capture_output=True, text=True, env=env,
-                                cwd=tmp_path, timeout=150)
-        assert client.returncode == 0 and client.stdout.split() == ["OK"], client.stderr[-3000:]
+        _wait_for(server, "Master has been promoted", 1, seen)
+        _httpx_client(transport, tmp_path, env, port)
         os.kill(new_master, signal.SIGTERM)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -280,14 +262,6 @@ def test_gunicorn_upgrade_on_usr2(transport: str, tmp_path: Path) -> None:
         else:
             raise AssertionError("the new master did not stop")
         assert "Traceback" not in "".join(seen)
-    finally:
-        try:
-            os.killpg(server.pid, signal.SIGKILL)  # whatever is left of both masters
-        except ProcessLookupError:
-            pass
-        server.wait()
-        if server.stderr is not None:
-            server.stderr.close()
     if transport == "rsock":
         _check_report(tmp_path / "client.json", "client")
 
@@ -300,43 +274,19 @@ def test_flask_debug_server(transport: str, tmp_path: Path) -> None:
     SIGINT, as from a terminal."""
     for module in ("flask", "httpx"):
         importlib.import_module(module)  # make test installs the extra: never skipped
-    env = _env(transport)
-    env["PYTHONPATH"] = str(FW) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    env = _fw_env(transport)
     port = _free_port()
-    server = subprocess.Popen(
-        _cmd(transport, tmp_path / "server.json", "-m", "flask", "--app", "flask_app",
-             "run", "--debug", "--port", str(port)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-        start_new_session=True,  # (a failed test ends the reloader's child too)
-    )
-    try:
-        assert server.stderr is not None
+    cmd = _cmd(transport, tmp_path / "server.json", "-m", "flask", "--app", "flask_app",
+               "run", "--debug", "--port", str(port))
+    with _served(cmd, env, tmp_path) as server:
         seen: list[str] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = server.stderr.readline()
-            seen.append(line)
-            if "Debugger is active" in line or not line:
-                break  # (the child says it once it serves)
-        assert any("Debugger is active" in s for s in seen), "".join(seen)
-        client = subprocess.run(
-            _cmd(transport, tmp_path / "client.json", str(FW / "httpx_client.py"), str(port)),
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=150,
-        )
-        assert client.returncode == 0, client.stderr[-3000:]
-        assert client.stdout.split() == ["OK"]
+        _wait_for(server, "Debugger is active", 1, seen)  # (the child, once it serves)
+        _httpx_client(transport, tmp_path, env, port)
         os.killpg(server.pid, signal.SIGINT)  # (Ctrl-C reaches both processes)
         server.wait(30)
+        assert server.stderr is not None
         rest = server.stderr.read()
         assert "Traceback" not in rest, rest[-3000:]
-    finally:
-        try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        server.wait()
-        if server.stderr is not None:
-            server.stderr.close()
     if transport == "rsock":
         _check_report(tmp_path / "client.json", "client")
         counts = _check_report(tmp_path / "server.json", "server")
