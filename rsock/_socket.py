@@ -1109,7 +1109,9 @@ class socket:
                 if fd >= 0:
                     core.shared = True
                 elif fd == -_errno.EAGAIN:
-                    fd = _ll.rendezvous_bind(name)
+                    fd = _ll.rendezvous_bind(name)  # (and again, if taken again)
+                else:
+                    break  # refused, or no answer in time
             if fd < 0:
                 raise _ll.oserror(-_errno.EADDRINUSE if fd == -_errno.EAGAIN else fd)
             core.rv[name] = fd
@@ -2497,8 +2499,9 @@ def adopt_inherited(family: int, type_: int, proto: int, fileno: int) -> socket 
     if len(tcp) != 1 or not rv:
         raise OSError(
             _errno.ENOTSOCK,
-            f"fd {fileno} is the fileno() of an rsock listener of another process whose "
-            "sockets this process does not hold: call set_inheritable(True) on it before "
+            f"Socket operation on non-socket: fd {fileno} is an epoll fd; if it is the "
+            "fileno() of an rsock listener of the process that started this one, the "
+            "sockets behind it did not come along: call set_inheritable(True) on it before "
             "starting the child (or hand the socket over with multiprocessing)",
         )
     # the family is the kernel socket's (gunicorn asks for AF_UNIX to learn
