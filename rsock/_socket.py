@@ -263,7 +263,7 @@ def live(fd: int) -> socket | None:
 
 # how long bind() waits for the listener that holds a port's rendezvous name
 # to hand it over (SO_REUSEPORT: its process answers in accept)
-_JOIN_WAIT_MS = 1000
+_JOIN_WAIT_MS = 3000
 
 
 # rendezvous name -> the listener of this process that took it with
