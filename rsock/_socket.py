@@ -505,6 +505,7 @@ class _Core:
         "fd",
         "fd_block",
         "inheritable",
+        "joined",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
@@ -546,6 +547,8 @@ class _Core:
         # set_inheritable(True) on a listener: its kernel socket and
         # rendezvous fds are inherited too, as they are made (adopt_inherited)
         self.inheritable = False
+        # bind() joined another listener's rendezvous socket (SO_REUSEPORT)
+        self.joined = False
 
     def acquire(self) -> None:
         with self.lock:
@@ -1107,7 +1110,7 @@ class socket:
                 if fd < 0:
                     fd = _ll.rendezvous_join(name, _JOIN_WAIT_MS)
                 if fd >= 0:
-                    core.shared = True
+                    core.shared = core.joined = True
                 elif fd == -_errno.EAGAIN:
                     fd = _ll.rendezvous_bind(name)  # (and again, if taken again)
                 else:
@@ -1267,7 +1270,9 @@ class socket:
         if _paths.takes_verbs(self._provider_name):
             vfam, vhost = _paths.verbs_target(self._family, host)
             rc = _ll.listen_verbs(h, vfam, vhost, port, backlog)
-            if rc < 0 and self._provider_name == "verbs":
+            if rc == -_errno.EADDRINUSE and core.joined:
+                pass  # SO_REUSEPORT: rdma_cm shares no port; RDMA clients reach the first
+            elif rc < 0 and self._provider_name == "verbs":
                 raise _ll.oserror(rc, _ll.detail(h))
         # plain TCP clients are served on the same port: the kernel listener
         # joins the pollable fd and accept() takes them from it
