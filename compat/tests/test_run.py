@@ -469,3 +469,25 @@ def test_two_server_processes_share_a_port_with_so_reuseport(tmp_path: Path) -> 
     assert report["processes"] == 3
     assert report["asyncio:create_server"] == 2
     assert report["accept:shm"] == report["connect:shm"] == 40, report
+
+
+@pytest.mark.timeout_s(90)
+def test_new_sockets_after_fds_closed_by_number(tmp_path: Path) -> None:
+    """os.closerange() after sockets were made closes rsock's own fds too
+    (a client's arena memfd, the watcher's epoll): new connections after it
+    still work, as kernel sockets made afterwards do (the engine finds those
+    fds gone, or their numbers another file's, and makes new ones)."""
+    prog = Path(__file__).resolve().parent.parent / "programs" / "closerange_later.py"
+    want = ["BEFORE", "AFTER", "AGAIN"]
+    oracle = subprocess.run(
+        [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert oracle.returncode == 0, oracle.stderr
+    assert oracle.stdout.split() == want
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock", "run", str(prog)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "RSOCK_FALLBACK": "strict"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == want

@@ -780,8 +780,10 @@ struct shm_arena {
 	int fd;        /* the client's: sent with every REQ (server: -1) */
 	uint32_t key;  /* the client's: the server's pid */
 	uint64_t name; /* the client's: the rendezvous name it last served */
-	dev_t dev;     /* the server's: the memfd's identity */
+	dev_t dev;     /* the memfd's identity (the client's: what fd must be) */
 	ino_t ino;
+	int lost;      /* the client's: fd was closed underneath (closerange):
+			* no new slot, and the number is not ours to close */
 	unsigned refs; /* QPs in this process using it */
 	uint32_t next_slot;
 	int64_t idle_since;
@@ -861,9 +863,22 @@ static void ar_free(struct shm_arena *a)
 		if (a->chunk[c])
 			munmap(a->chunk[c], ar_chunk_bytes(a));
 	munmap(a->hdr, ARENA_HDR);
-	if (a->fd >= 0)
+	if (a->fd >= 0 && !a->lost)
 		close(a->fd);
 	free(a);
+}
+
+/* Does the client's arena fd still hold its memfd?  A program that closes
+ * fds by number (os.closerange) takes it from under us; the number may
+ * be another file by now, which must never be sent, grown or closed. */
+static int ar_fd_ours(struct shm_arena *a)
+{
+	struct stat st;
+
+	if (!a->lost && (fstat(a->fd, &st) < 0 || st.st_dev != a->dev ||
+			 st.st_ino != a->ino))
+		a->lost = 1;
+	return !a->lost;
 }
 
 /* Has a client's arena no free slot left (all made, none free)? */
@@ -891,7 +906,8 @@ static int ar_sweep(struct shm_arena **list, int all, int64_t now)
 	while ((a = *pp)) {
 		int go = !a->refs &&
 			 (all || now - a->idle_since >= ARENA_IDLE_NS ||
-			  ++idle > ARENA_IDLE_MAX || (a->fd >= 0 && ar_full(a)));
+			  ++idle > ARENA_IDLE_MAX || a->lost ||
+			  (a->fd >= 0 && ar_full(a)));
 
 		if (go) {
 			*pp = a->next;
@@ -958,6 +974,7 @@ static struct shm_arena *ar_create(uint32_t key, uint32_t ring_size,
 				   uint32_t qdepth, int *err)
 {
 	struct shm_arena *a = calloc(1, sizeof(*a));
+	struct stat st;
 	void *p;
 
 	*err = -ENOMEM;
@@ -967,8 +984,11 @@ static struct shm_arena *ar_create(uint32_t key, uint32_t ring_size,
 	if (a->fd < 0)
 		goto fail;
 	if (fchmod(a->fd, 0600) < 0 || ftruncate(a->fd, ARENA_HDR) < 0 ||
-	    fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+	    fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0 ||
+	    fstat(a->fd, &st) < 0)
 		goto fail;
+	a->dev = st.st_dev;
+	a->ino = st.st_ino;
 	p = mmap(NULL, ARENA_HDR, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
 	if (p == MAP_FAILED)
 		goto fail;
@@ -1057,7 +1077,8 @@ static int ar_take(uint32_t key, uint64_t name, uint32_t ring_size,
 
 	for (a = ar_client; a; a = a->next) {
 		if ((key ? a->key != key : a->name != name) ||
-		    a->ring_size != ring_size || a->qdepth != qdepth)
+		    a->ring_size != ring_size || a->qdepth != qdepth ||
+		    !ar_fd_ours(a))
 			continue;
 		if ((i = ar_claim(a, gen)) >= 0)
 			goto got;

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -161,11 +162,14 @@ static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	int epfd; /* -1: no watcher in this process (yet) */
+	dev_t dev; /* epfd's identity: a program that closes fds by number */
+	ino_t ino; /* (os.closerange) may have taken it, or reused it */
+	uint32_t tgen; /* bumped when a thread is made: an older one leaves */
 	struct eng_wslot *slot;
 	uint32_t cap;
 	rsk_sock *busy;
-} eng_w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, -1, NULL,
-	    0, NULL };
+} eng_w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, -1, 0, 0,
+	    0, NULL, 0, NULL };
 
 void eng_sync_fd(rsk_sock *s);
 
@@ -201,7 +205,9 @@ static void eng_watch_event(rsk_sock *s, int live)
 static void *eng_watcher(void *arg)
 {
 	struct epoll_event ev[64];
-	int epfd = (int)(intptr_t)arg, n, i;
+	uint64_t a = (uint64_t)(uintptr_t)arg;
+	int epfd = (int)(uint32_t)a, n, i;
+	uint32_t tgen = (uint32_t)(a >> 32);
 	sigset_t all;
 
 	sigfillset(&all);
@@ -209,7 +215,15 @@ static void *eng_watcher(void *arg)
 	for (;;) {
 		n = epoll_wait(epfd, ev, 64, -1);
 		if (n < 0 && errno != EINTR)
-			return NULL; /* the epoll is gone (fork child) */
+			return NULL; /* the epoll is gone (fork child, closerange) */
+		pthread_mutex_lock(&eng_w.lock);
+		if (eng_w.tgen != tgen) {
+			/* replaced: eng_watch_add found our epoll closed
+			 * underneath (its number may be another file's now) */
+			pthread_mutex_unlock(&eng_w.lock);
+			return NULL;
+		}
+		pthread_mutex_unlock(&eng_w.lock);
 		for (i = 0; i < n; i++) {
 			uint64_t d = ev[i].data.u64;
 			uint32_t idx = (uint32_t)d >> 1;
@@ -263,15 +277,32 @@ int eng_watch_add(rsk_sock *s)
 	/* after fork.c's handlers (rsk_socket registered those first) */
 	pthread_once(&eng_w_once, eng_w_atfork);
 	pthread_mutex_lock(&eng_w.lock);
+	if (eng_w.epfd >= 0) {
+		struct stat st;
+
+		/* closed underneath (os.closerange): a new epoll and thread;
+		 * the connections registered in the old one lost their
+		 * fileno() readiness with it (as a kernel socket closed so
+		 * would be gone); the old thread leaves when it wakes */
+		if (fstat(eng_w.epfd, &st) < 0 || st.st_dev != eng_w.dev ||
+		    st.st_ino != eng_w.ino)
+			eng_w.epfd = -1;
+	}
 	if (eng_w.epfd < 0) {
 		pthread_t t;
 		pthread_attr_t a;
 		sigset_t sigs;
 
+		struct stat st;
+
 		eng_w.epfd = epoll_create1(EPOLL_CLOEXEC);
 		if (eng_w.epfd < 0) {
 			rc = -errno;
 			goto out;
+		}
+		if (fstat(eng_w.epfd, &st) == 0) {
+			eng_w.dev = st.st_dev;
+			eng_w.ino = st.st_ino;
 		}
 		pthread_attr_init(&a);
 		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
@@ -280,8 +311,10 @@ int eng_watch_add(rsk_sock *s)
 		 * mask), so that a process's signals go to threads that run
 		 * the program's handlers */
 		eng_sig_block_all(&sigs);
+		eng_w.tgen++;
 		rc = -pthread_create(&t, &a, eng_watcher,
-				     (void *)(intptr_t)eng_w.epfd);
+				     (void *)(uintptr_t)((uint64_t)eng_w.tgen << 32 |
+							 (uint32_t)eng_w.epfd));
 		pthread_sigmask(SIG_SETMASK, &sigs, NULL);
 		pthread_attr_destroy(&a);
 		if (rc) {
