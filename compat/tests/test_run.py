@@ -368,26 +368,36 @@ def test_a_source_tree_shadowing_the_install_says_so(tmp_path: Path) -> None:
     assert "circular import" not in proc.stderr.splitlines()[-1]
 
 
+PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
+
+
+def same_under_rsock(name: str, want: list[str], tmp_path: Path) -> dict[str, int]:
+    """compat/programs/``name`` prints ``want`` with plain Python (the oracle)
+    and under ``rsock run --report`` with RSOCK_FALLBACK=strict; the report."""
+    prog = PROGRAMS / name
+    oracle = subprocess.run(
+        [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=90
+    )
+    assert oracle.returncode == 0, oracle.stderr
+    assert oracle.stdout.split() == want
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock", "run", "--report", "r.json", str(prog)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=90,
+        env={**os.environ, "RSOCK_FALLBACK": "strict"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == want
+    report: dict[str, int] = json.loads((tmp_path / "r.json").read_text())
+    return report
+
+
 @pytest.mark.timeout_s(90)
 def test_a_listener_handed_to_an_exec_child(tmp_path: Path) -> None:
     """The listener's fileno() inherited by a child the program starts
     (werkzeug's reloader, gunicorn's re-exec): the child adopts it with
     socket(fileno=...) and accepts, over shm, on the parent's listener."""
-    prog = Path(__file__).resolve().parent.parent / "programs" / "inherit_listener.py"
-    oracle = subprocess.run(
-        [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    assert oracle.returncode == 0, oracle.stderr
     want = ["HELLO", "0", "HELLO", "1", "HELLO", "2", "child", "0"]
-    assert oracle.stdout.split() == want
-    proc = subprocess.run(
-        [sys.executable, "-m", "rsock", "run", "--report", "r.json", str(prog)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "RSOCK_FALLBACK": "strict"},
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == want
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = same_under_rsock("inherit_listener.py", want, tmp_path)
     assert report["processes"] == 2
     assert report["accept:shm"] == report["connect:shm"] == 3, report
 
@@ -398,7 +408,7 @@ def test_a_listener_passed_alone_says_what_is_missing(tmp_path: Path) -> None:
     listener goes over whole, rsock's sockets behind fileno() do not; the
     child's socket(fileno=...) fails with ENOTSOCK and says why (README,
     differences)."""
-    prog = Path(__file__).resolve().parent.parent / "programs" / "inherit_listener.py"
+    prog = PROGRAMS / "inherit_listener.py"
     oracle = subprocess.run(
         [sys.executable, str(prog), "--pass-fds"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -451,21 +461,8 @@ def test_two_server_processes_share_a_port_with_so_reuseport(tmp_path: Path) -> 
     """Two processes each run asyncio.start_server(reuse_port=True) on one
     port (aiohttp's web.run_app(reuse_port=True) started twice): the second
     joins the first's listener; every client gets an answer."""
-    prog = Path(__file__).resolve().parent.parent / "programs" / "reuseport_servers.py"
     want = ["replies", "40", "server", "0", "server", "0"]
-    oracle = subprocess.run(
-        [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=90
-    )
-    assert oracle.returncode == 0, oracle.stderr
-    assert oracle.stdout.split() == want
-    proc = subprocess.run(
-        [sys.executable, "-m", "rsock", "run", "--report", "r.json", str(prog)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=90,
-        env={**os.environ, "RSOCK_FALLBACK": "strict"},
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == want
-    report = json.loads((tmp_path / "r.json").read_text())
+    report = same_under_rsock("reuseport_servers.py", want, tmp_path)
     assert report["processes"] == 3
     assert report["asyncio:create_server"] == 2
     assert report["accept:shm"] == report["connect:shm"] == 40, report
@@ -477,17 +474,5 @@ def test_new_sockets_after_fds_closed_by_number(tmp_path: Path) -> None:
     (a client's arena memfd, the watcher's epoll): new connections after it
     still work, as kernel sockets made afterwards do (the engine finds those
     fds gone, or their numbers another file's, and makes new ones)."""
-    prog = Path(__file__).resolve().parent.parent / "programs" / "closerange_later.py"
-    want = ["BEFORE", "AFTER", "AGAIN"]
-    oracle = subprocess.run(
-        [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    assert oracle.returncode == 0, oracle.stderr
-    assert oracle.stdout.split() == want
-    proc = subprocess.run(
-        [sys.executable, "-m", "rsock", "run", str(prog)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "RSOCK_FALLBACK": "strict"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == want
+    report = same_under_rsock("closerange_later.py", ["BEFORE", "AFTER", "AGAIN"], tmp_path)
+    assert report["accept:shm"] == report["connect:shm"] == 3, report
