@@ -8,7 +8,9 @@ non-blocking mode) in one place; ``oserror`` builds the exception.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import resource
 import signal
 import socket as _stdsocket
 import threading
@@ -97,6 +99,21 @@ def oserror(rc: int, detail: str = "") -> OSError:
 _wakeup: tuple[int, ...] | None = None
 
 
+def _fd_high(fd: int) -> int:
+    """fd moved up as the engine moves its own long-lived fds
+    (prov_fd_high): out of the low numbers a program counts on."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    base = 256 if soft == resource.RLIM_INFINITY else min(256, soft // 2)
+    if fd >= base:
+        return fd
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base)
+    except OSError:
+        return fd
+    os.close(fd)
+    return high
+
+
 def _install_wakeup() -> None:
     """Give Python a signal wakeup fd whose read end the engine watches,
     so that a main thread blocked in rsock runs its signal handlers at once
@@ -106,7 +123,7 @@ def _install_wakeup() -> None:
     global _wakeup
     if threading.current_thread() is not threading.main_thread():
         return  # set_wakeup_fd works in the main thread only: later
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    r, w = (_fd_high(fd) for fd in os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC))
     try:
         old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     except (ValueError, OSError):

@@ -35,6 +35,14 @@ struct prov_wc {
 
 struct prov_qp;
 
+/* A long-lived fd (a client's arena, the engine's watcher epoll) moved out
+ * of the low numbers a program uses and counts on (a range it closes,
+ * CPython's test_os looking for free consecutive numbers): to the lowest
+ * free one at or above PROV_FD_HIGH (half the fd limit if that is lower),
+ * the old number closed; fd as it was if there is none (prov_shm.c). */
+#define PROV_FD_HIGH 256
+int prov_fd_high(int fd);
+
 struct prov_ops {
 	const char *name;
 	int (*post_recv)(struct prov_qp *qp, uint64_t wr_id);

@@ -968,6 +968,23 @@ static void arena_release(struct prov_qp *qp)
 	qp->l.base = qp->r.base = NULL; /* the arena's mapping */
 }
 
+int prov_fd_high(int fd)
+{
+	struct rlimit rl;
+	long base = PROV_FD_HIGH;
+	int h;
+
+	if (fd < 0)
+		return fd;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    (long)(rl.rlim_cur / 2) < base)
+		base = (long)(rl.rlim_cur / 2);
+	if (fd >= base || (h = fcntl(fd, F_DUPFD_CLOEXEC, (int)base)) < 0)
+		return fd;
+	close(fd);
+	return h;
+}
+
 /* A new client arena for key (header only: no chunk yet), on the list;
  * ar_lock held. */
 static struct shm_arena *ar_create(uint32_t key, uint32_t ring_size,
@@ -980,7 +997,8 @@ static struct shm_arena *ar_create(uint32_t key, uint32_t ring_size,
 	*err = -ENOMEM;
 	if (!a)
 		return NULL;
-	a->fd = memfd_create("rsock-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	a->fd = prov_fd_high(memfd_create("rsock-arena",
+					  MFD_CLOEXEC | MFD_ALLOW_SEALING));
 	if (a->fd < 0)
 		goto fail;
 	if (fchmod(a->fd, 0600) < 0 || ftruncate(a->fd, ARENA_HDR) < 0 ||

@@ -295,7 +295,7 @@ int eng_watch_add(rsk_sock *s)
 
 		struct stat st;
 
-		eng_w.epfd = epoll_create1(EPOLL_CLOEXEC);
+		eng_w.epfd = prov_fd_high(epoll_create1(EPOLL_CLOEXEC));
 		if (eng_w.epfd < 0) {
 			rc = -errno;
 			goto out;
