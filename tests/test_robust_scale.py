@@ -380,3 +380,37 @@ def test_arena_slots_are_reused() -> None:
     assert len(os.listdir("/proc/self/fd")) == fds0 + 1  # the arena's memfd
     assert rsock._lowlevel.trim() == 2  # our client's arena and our server's copy
     assert arena_maps() == 0
+
+
+OWN_FDS = """
+import os, select, rsock
+ls = rsock.socket(); ls.bind(("127.0.0.1", 0)); ls.listen()
+c = rsock.socket(); c.connect(ls.getsockname()); a, _ = ls.accept()
+c.sendall(b"x"); a.recv(1)
+select.select([c], [], [], 0)  # (c's fileno() watched: the watcher thread's epoll)
+for fd in sorted(map(int, os.listdir("/proc/self/fd"))):
+    try:
+        print(fd, os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        pass
+"""
+
+
+def test_own_fds_sit_high() -> None:
+    """rsock's own long-lived fds (the signal wakeup pipe, a client's arena
+    memfd) sit at 256 and up, out of the low numbers a program counts on
+    (a range it closes; CPython's test_os looks for free consecutive ones):
+    in a fresh process, the only fds below 256 besides the interpreter's are
+    the sockets' own."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", OWN_FDS], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    fds = [(int(line.split(" ", 1)[0]), line.split(" ", 1)[1]) for line in out.stdout.splitlines()]
+    arena = [fd for fd, link in fds if link.startswith("/memfd:rsock-arena")]
+    pipes = [fd for fd, link in fds if link.startswith("pipe:")]
+    assert arena and min(arena) >= 256, fds
+    assert len(pipes) >= 2 and min(pipes[-2:]) >= 256, fds  # (the wakeup pipe: the last two)
