@@ -223,13 +223,7 @@ def test_proxies_of_sockets(kind: str, run: Any) -> None:
                     assert len(await p.done) == 100_000
                     t.close()
             assert listener.fileno() == -1  # closed with its server, as on TCP
-            listener = socket.socket()
-            listener.bind(("127.0.0.1", 0))
-            listener.listen()
-            a = socket.socket()
-            a.connect(listener.getsockname())
-            conn, _ = listener.accept()
-            listener.close()
+            a, conn = nonblocking_pair()
             st, _ = await loop.connect_accepted_socket(Echo, Proxy(conn))
             ct, cp = await loop.create_connection(lambda: Collect(1_000), sock=a)
             ct.write(b"z" * 1_000)
