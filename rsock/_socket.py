@@ -790,10 +790,12 @@ class socket:
     def set_inheritable(self, inheritable: bool) -> None:
         os.set_inheritable(self.fileno(), inheritable)
         core = self._core
-        if not core.connected and not core.nb:
+        if not core.connected and not core.nb and (inheritable or core.inheritable):
             # a listener (or one to be): a program that starts a child with
             # fileno() inherited (werkzeug's reloader, gunicorn's re-exec)
             # hands it the listener, so the fds behind fileno() go too
+            # (set_inheritable(False) on one never made inheritable: nothing
+            # to undo, and it is not shared for it)
             core.inheritable = inheritable
             self._inherit_fds()
 

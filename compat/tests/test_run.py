@@ -476,3 +476,24 @@ def test_new_sockets_after_fds_closed_by_number(tmp_path: Path) -> None:
     fds gone, or their numbers another file's, and makes new ones)."""
     report = same_under_rsock("closerange_later.py", ["BEFORE", "AFTER", "AGAIN"], tmp_path)
     assert report["accept:shm"] == report["connect:shm"] == 3, report
+
+
+def test_set_inheritable_marks_a_listener_shared_only_when_true() -> None:
+    """set_inheritable(True) on a listener makes the fds behind fileno()
+    inheritable too and the listener shared (a child may accept from it);
+    set_inheritable(False) on one never made inheritable changes neither."""
+    import rsock
+    from rsock import _lowlevel
+
+    with rsock.socket() as ls:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen()
+        ls.set_inheritable(False)
+        assert not ls.get_inheritable() and not ls._core.shared
+        ls.set_inheritable(True)
+        assert ls.get_inheritable() and ls._core.shared
+        h = ls._core.h
+        behind = [*_lowlevel.listen_fds(h), ls._core.tcp.fileno()]  # type: ignore[union-attr]
+        assert all(os.get_inheritable(fd) for fd in behind)
+        ls.set_inheritable(False)
+        assert not any(os.get_inheritable(fd) for fd in behind)
