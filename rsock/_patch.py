@@ -295,6 +295,7 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
             "create_server",
             "connect_accepted_socket",
             "start_tls",
+            "sendfile",
         ),
     },
     "asyncio.selector_events": {
@@ -306,6 +307,7 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
             "create_server",
             "connect_accepted_socket",
             "start_tls",
+            "sendfile",
             "sock_connect",
             "sock_sendall",
             *_FD_METHODS,
@@ -684,6 +686,26 @@ def _wrap_start_tls(original: Any) -> Callable[..., Any]:
         return await rsa.start_tls(transport, protocol, sslcontext, **kw)
 
     return start_tls
+
+
+def _wrap_sendfile(original: Any) -> Callable[..., Any]:
+    @_wraps(original)
+    async def sendfile(
+        self: Any, transport: Any, file: Any, offset: int = 0, count: int | None = None,
+        *, fallback: bool = True,
+    ) -> int:  # fmt: skip
+        rsa = sys.modules.get("rsock.asyncio")  # no rsock transport without it
+        if (
+            rsa is None
+            or not isinstance(transport, rsa.RsockTransport)
+            or "_sendfile_native" in getattr(self, "__dict__", ())  # a test's double
+            or not _routable(self)
+        ):
+            return await original(self, transport, file, offset, count, fallback=fallback)  # type: ignore[no-any-return]
+        _note("asyncio:sendfile")
+        return await rsa.sendfile(transport, file, offset, count, fallback=fallback)  # type: ignore[no-any-return]
+
+    return sendfile
 
 
 def _wrap_sock_connect(original: Any) -> Callable[..., Any]:
@@ -1078,6 +1100,7 @@ _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "create_server": _wrap_create_server,
     "connect_accepted_socket": _wrap_connect_accepted_socket,
     "start_tls": _wrap_start_tls,
+    "sendfile": _wrap_sendfile,
     "sock_connect": _wrap_sock_connect,
     "sock_sendall": _wrap_sock_sendall,
     "wrap_socket": _wrap_ssl_wrap_socket,

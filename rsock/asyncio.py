@@ -22,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import io
 import os
 import socket as _std
 import ssl as _ssl
+import stat
 import time
 import warnings
 from asyncio import constants, sslproto, transports
@@ -40,7 +42,14 @@ _fast_send = _ll.fast_send
 _fast_recv_into = _ll.fast_recv_into
 _fast_recv_bytes = _ll.fast_recv_bytes
 
-__all__ = ["create_server", "create_connection", "start_server", "open_connection", "start_tls"]
+__all__ = [
+    "create_server",
+    "create_connection",
+    "start_server",
+    "open_connection",
+    "start_tls",
+    "sendfile",
+]
 
 # Bytes per recv for a plain Protocol: what is readable now, up to 1 MiB, in
 # one bytes object of its size, copied once straight out of the ring
@@ -64,6 +73,11 @@ _MORE_AFTER = 16 * 1024
 _ACCEPT_RETRY_DELAY = 1.0  # asyncio's constants.ACCEPT_RETRY_DELAY
 _READS_PER_WAKEUP = 32  # then yield to other callbacks (the fd stays readable)
 _DEFAULT_HIGH = 64 * 1024
+# sendfile: bytes read from the file per step, into one buffer and from there
+# into the ring (a quarter of a default ring; stays in the CPU's cache between
+# the two copies)
+_SENDFILE_CHUNK = 256 * 1024
+_SENDFILE_YIELD = 1024 * 1024  # sendfile lets the loop run after this many bytes
 _SPIN_ENV = os.fsencode("RSOCK_SPIN_US")  # (for _paths.env_raw)
 
 
@@ -294,8 +308,10 @@ class RsockTransport(transports._FlowControlMixin):
     """``asyncio.Transport`` over a connected rsock socket.
 
     A ``_FlowControlMixin`` (the class of the loops' own socket transports;
-    its methods are all overridden here) so that ``loop.sendfile()`` takes
-    its read-and-write fallback: asyncio accepts only those for it."""
+    its methods are all overridden here) so that an unpatched
+    ``loop.sendfile()`` takes its read-and-write fallback: asyncio accepts
+    only those for it.  :func:`sendfile` is the native path (under
+    ``rsock.patch()``, ``loop.sendfile`` of an rsock transport)."""
 
     _sendfile_compatible = constants._SendfileMode.FALLBACK
 
@@ -343,6 +359,7 @@ class RsockTransport(transports._FlowControlMixin):
         self._write_eof_pending = False
         self._closing = False
         self._conn_lost = 0
+        self._empty_waiter: asyncio.Future[None] | None = None  # sendfile's
         self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
         self._polled = False  # hot in the poller (the engine's polling mode)
         self._poll_seen = False  # active since the poller's last sweep
@@ -589,6 +606,9 @@ class RsockTransport(transports._FlowControlMixin):
                 break
         self._maybe_resume_protocol()
         if not self._buffer:
+            waiter = self._empty_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
             if self._closing:
                 self._loop.call_soon(self._call_connection_lost, None)
                 self._conn_lost += 1
@@ -727,6 +747,7 @@ class RsockTransport(transports._FlowControlMixin):
         if self._buffer:
             self._buffer.clear()
             self._buffer_size = 0
+        self._fail_empty_waiter()
         self._closing = True
         self._conn_lost += 1
         self._loop.call_soon(self._call_connection_lost, exc)
@@ -737,6 +758,7 @@ class RsockTransport(transports._FlowControlMixin):
             p.leave(self)
 
     def _call_connection_lost(self, exc: Exception | None) -> None:
+        self._fail_empty_waiter()
         self._leave_poller()
         self._watch.disarm(self._loop)
         try:
@@ -746,6 +768,104 @@ class RsockTransport(transports._FlowControlMixin):
             server, self._server = self._server, None
             if server is not None:
                 server._detach()
+
+    # ---------------------------------------------------------------- sendfile
+
+    def _fail_empty_waiter(self) -> None:
+        waiter = self._empty_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionError("Connection is closed by peer"))
+
+    def _drained(self) -> asyncio.Future[None]:
+        """A future done when everything queued is in the ring (at once if
+        nothing is); fails if the connection is lost first."""
+        waiter = self._loop.create_future()
+        if self._conn_lost:
+            waiter.set_exception(ConnectionError("Connection is closed by peer"))
+        elif not self._buffer:
+            waiter.set_result(None)
+        else:
+            self._empty_waiter = waiter
+        return waiter
+
+    def _write_refused(self, data: Any) -> None:
+        raise RuntimeError("unable to write; sendfile is in progress")
+
+    async def _sendfile(self, fileno: int, offset: int, count: int | None) -> int:
+        """Sends a regular file's bytes from ``offset`` (``count`` of them,
+        or up to its end): each step reads up to ``_SENDFILE_CHUNK`` with
+        ``os.preadv`` into one buffer and puts them into the ring; when the
+        ring is full the rest waits (queued, not copied) for the peer to make
+        room, then the next step reads.  Writes are refused and reading is
+        paused meanwhile, as on the loops' native path.  Returns the bytes
+        sent, and leaves the file's position past them (also when it
+        raises)."""
+        resume = self.is_reading()
+        self.pause_reading()
+        self.write = self._write_refused  # type: ignore[method-assign]
+        total = 0
+        try:
+            await self._drained()
+            size = _SENDFILE_CHUNK if count is None else min(count, _SENDFILE_CHUNK)
+            view = memoryview(bytearray(size))
+            unyielded = -1  # bytes sent since the loop last ran (-1: none yet)
+            while count is None or total < count:
+                if self._conn_lost:  # closed meanwhile
+                    raise ConnectionError("Connection is closed by peer")
+                n = size if count is None else min(size, count - total)
+                got = os.preadv(fileno, [view[:n]], offset + total)
+                if not got:
+                    break
+                if self._polled:
+                    self._poll_seen = True
+                elif self._poller is not None:
+                    self._poller.touch(self)
+                sent = self._send_now(view[:got])
+                total += got  # all of it is the stream's now
+                if sent < got:
+                    # the ring is full: the rest waits in the queue (the
+                    # buffer is not read into again before it is drained),
+                    # and goes out after a cancellation too, as what the
+                    # kernel took from os.sendfile does
+                    self._buffer.append(view[sent:got])
+                    self._buffer_size += got - sent
+                    self._update_interest()
+                    await self._drained()
+                    unyielded = 0
+                elif unyielded < 0 or unyielded + got >= _SENDFILE_YIELD:
+                    # a peer that keeps up never fills the ring: let the
+                    # loop run now and then; the first time for two rounds,
+                    # as the loops' native path takes at least a writer
+                    # callback and then the task's wake-up (a caller that
+                    # stops the loop meanwhile finds the send in progress)
+                    if unyielded < 0:
+                        await asyncio.sleep(0)
+                    await asyncio.sleep(0)
+                    unyielded = 0
+                else:
+                    unyielded += got
+        finally:
+            self._empty_waiter = None
+            del self.write
+            if resume and not self._conn_lost:
+                self.resume_reading()
+            if total:
+                os.lseek(fileno, offset + total, os.SEEK_SET)
+        return total
+
+    def _send_now(self, data: memoryview) -> int:
+        """Bytes of ``data`` the ring takes now (0 if none); a fatal error
+        closes the transport, as a write's does, and is raised."""
+        while True:
+            rc: int = _fast_send(self._handle.addr, data, 0)
+            if rc >= 0:
+                return rc
+            if rc == -errno.EAGAIN:
+                return 0
+            if rc != -errno.EINTR:
+                exc = self._watch.error(rc)
+                self._fatal_error(exc, "Fatal write error on rsock transport")
+                raise exc
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         watch = getattr(self, "_watch", None)
@@ -1291,6 +1411,89 @@ async def start_tls(
         raise
     app: asyncio.Transport = tls._app_transport
     return app
+
+
+def _check_sendfile_params(file: Any, offset: Any, count: Any) -> None:
+    # asyncio's own checks (BaseEventLoop._check_sendfile_params), same errors
+    if "b" not in getattr(file, "mode", "b"):
+        raise ValueError("file should be opened in binary mode")
+    if count is not None:
+        if not isinstance(count, int):
+            raise TypeError(f"count must be a positive integer (got {count!r})")
+        if count <= 0:
+            raise ValueError(f"count must be a positive integer (got {count!r})")
+    if not isinstance(offset, int):
+        raise TypeError(f"offset must be a non-negative integer (got {offset!r})")
+    if offset < 0:
+        raise ValueError(f"offset must be a non-negative integer (got {offset!r})")
+
+
+def _regular_fileno(file: Any) -> int:
+    """The fd of a regular file to read with ``os.preadv``, or -1."""
+    try:
+        fileno = file.fileno()
+        st = os.fstat(fileno)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return -1
+    return fileno if stat.S_ISREG(st.st_mode) else -1
+
+
+async def sendfile(
+    transport: asyncio.BaseTransport,
+    file: Any,
+    offset: int = 0,
+    count: int | None = None,
+    *,
+    fallback: bool = True,
+) -> int:
+    """``loop.sendfile`` for an rsock transport (``rsock.patch()`` routes
+    the loop's method here, on asyncio's loops and on uvloop).
+
+    A regular file goes the native way: read from ``offset`` with
+    ``os.preadv`` in 256 KiB steps straight into the connection's ring (the
+    loop's own fallback for a transport without ``os.sendfile`` reads 16
+    KiB per step in a thread).  Anything else (a pipe, an ``io.BytesIO``)
+    is read in a thread with ``readinto``, if ``fallback`` allows (else
+    ``asyncio.SendfileNotAvailableError``, as asyncio's loops raise).  Returns the bytes sent; the
+    file's position is then ``offset`` plus that, also after an error."""
+    if not isinstance(transport, RsockTransport):
+        raise TypeError(f"transport {transport!r} is not an rsock transport")
+    if transport.is_closing():
+        raise RuntimeError("Transport is closing")
+    _check_sendfile_params(file, offset, count)
+    fileno = _regular_fileno(file)
+    if fileno < 0:
+        if not fallback:  # what asyncio's native path raises then
+            raise asyncio.SendfileNotAvailableError("not a regular file")
+        return await _sendfile_read(transport, file, offset, count)
+    return await transport._sendfile(fileno, offset, count)
+
+
+async def _sendfile_read(
+    transport: RsockTransport, file: Any, offset: int, count: int | None
+) -> int:
+    """sendfile of what has no fd to read at an offset: ``readinto`` in the
+    loop's default executor (it may block), then ``write`` and wait for the
+    queue to drain."""
+    loop = asyncio.get_running_loop()
+    if offset:
+        file.seek(offset)
+    size = _SENDFILE_CHUNK if count is None else min(count, _SENDFILE_CHUNK)
+    buf = bytearray(size)
+    total = 0
+    try:
+        while count is None or total < count:
+            n = size if count is None else min(size, count - total)
+            got = await loop.run_in_executor(None, file.readinto, memoryview(buf)[:n])
+            if not got:
+                break
+            transport.write(bytes(buf[:got]))
+            total += got
+            await transport._drained()
+    finally:
+        if total and hasattr(file, "seek"):
+            file.seek(offset + total)
+    return total
 
 
 async def start_server(

@@ -82,6 +82,8 @@ CASES = (
             ("aiohttp_server.py",), "aiohttp_client.py", "big"),
     AppCase("aiohttp-stream", "aiohttp streamed 64 MiB body", "MB/s", ("aiohttp",),
             ("aiohttp_server.py",), "aiohttp_client.py", "stream"),
+    AppCase("aiohttp-file", "aiohttp 32 MiB file (FileResponse)", "MB/s", ("aiohttp",),
+            ("aiohttp_server.py",), "aiohttp_client.py", "file"),
     AppCase("uvicorn-keepalive", "uvicorn(uvloop)+httpx keep-alive small GET", "req/s",
             ("uvicorn", "uvloop", "httpx"), UVICORN, "httpx_client.py", "keepalive"),
     AppCase("uvicorn-newconn", "uvicorn(uvloop)+httpx new-connection small GET", "req/s",

@@ -2,7 +2,8 @@
 
 ``aiohttp_client.py PORT MODE SECONDS WARMUP``; MODE: keepalive (GET /small on one
 session), newconn (GET /small, a new connection per request), big (GET /big, 1 MiB),
-stream (GET /stream, a 64 MiB body read in chunks).  Runs WARMUP seconds, then
+stream (GET /stream, a 64 MiB body read in chunks), file (GET /file, a 32 MiB file
+read in chunks).  Runs WARMUP seconds, then
 SECONDS seconds, and prints one JSON line: requests, body bytes, elapsed."""
 
 import asyncio
@@ -13,7 +14,9 @@ import time
 import aiohttp
 
 BIG = bytes(range(256)) * 4096
+TWICE = BIG * 2
 STREAM_MB = 64
+FILE_MB = 32
 
 
 async def one(session: aiohttp.ClientSession, base: str, mode: str) -> int:
@@ -25,6 +28,16 @@ async def one(session: aiohttp.ClientSession, base: str, mode: str) -> int:
         async with session.get(f"{base}/big") as r:
             body = await r.read()
             assert body == BIG
+    elif mode == "file":
+        n = 0
+        async with session.get(f"{base}/file") as r:
+            async for chunk in r.content.iter_chunked(1 << 20):
+                k = n % len(BIG)  # the file is BIG over and over: check each chunk's start
+                head = chunk[:64]
+                assert head == TWICE[k : k + len(head)], n
+                n += len(chunk)
+        assert n == FILE_MB << 20, n
+        return n
     else:
         n = 0
         async with session.get(f"{base}/stream", params={"mb": str(STREAM_MB)}) as r:
