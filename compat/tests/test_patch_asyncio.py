@@ -35,13 +35,20 @@ BaseEventLoop = asyncio.base_events.BaseEventLoop
 BaseSelectorEventLoop = asyncio.selector_events.BaseSelectorEventLoop
 FD_METHODS = ("add_reader", "add_writer", "remove_reader", "remove_writer")
 ROUTED = {
-    BaseEventLoop: ("create_connection", "create_server", "connect_accepted_socket", "start_tls"),
+    BaseEventLoop: (
+        "create_connection",
+        "create_server",
+        "connect_accepted_socket",
+        "start_tls",
+        "sendfile",
+    ),
     BaseSelectorEventLoop: ("sock_connect", "sock_sendall", *FD_METHODS),
     uvloop.Loop: (
         "create_connection",
         "create_server",
         "connect_accepted_socket",
         "start_tls",
+        "sendfile",
         "sock_connect",
         "sock_sendall",
         *FD_METHODS,
