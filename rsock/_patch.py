@@ -224,6 +224,35 @@ class socket(_Std, metaclass=_SocketMeta):
             return adopted
 
 
+# Methods that code calls unbound on the class, ``socket.socket.recv(sock, n)``:
+# trio takes them from the class when it is imported (its socket wrapper calls
+# them so on every socket).  The patched class answers for the stdlib's
+# sockets and rsock's alike.
+_UNBOUND = (
+    "accept", "recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "recvmsg_into",
+    "send", "sendall", "sendto", "sendmsg",
+)  # fmt: skip
+
+
+def _unbound(name: str) -> Callable[..., Any]:
+    std = getattr(_Std, name)
+
+    def method(self: Any, *args: Any, **kw: Any) -> Any:
+        if isinstance(self, _Std):
+            return std(self, *args, **kw)
+        return getattr(self, name)(*args, **kw)  # an rsock socket (or its TLS socket)
+
+    method.__name__ = name
+    method.__qualname__ = f"socket.{name}"
+    method.__doc__ = std.__doc__
+    return method
+
+
+for _name in _UNBOUND:
+    if hasattr(_Std, _name):
+        setattr(socket, _name, _unbound(_name))
+
+
 def patch() -> None:
     """Make ``socket.socket(AF_INET/AF_INET6, SOCK_STREAM)`` return
     ``rsock.socket`` for all code (stdlib modules included) that looks
@@ -243,7 +272,7 @@ def patch() -> None:
         sys.meta_path.insert(0, _finder)
         for name in _HOOKED:
             module = sys.modules.get(name)
-            if module is not None and not _initializing(module):
+            if module is not None and not _initializing(module) and name not in _AT_IMPORT_ONLY:
                 _patch_loops(module)
 
 
@@ -319,8 +348,18 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
 _SSL_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
     "ssl": {"SSLContext": ("wrap_socket",)},
 }
+# trio: its socket wrapper takes only ``type(sock) is socket.socket``
+_TRIO_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
+    "trio._socket": {"_SocketType": ("__init__",)},
+}
 # every module whose classes patch() changes: now, or when it is imported
-_HOOKED: dict[str, dict[str, tuple[str, ...]]] = {**_LOOP_METHODS, **_SSL_METHODS}
+_HOOKED: dict[str, dict[str, tuple[str, ...]]] = {
+    **_LOOP_METHODS,
+    **_SSL_METHODS,
+    **_TRIO_METHODS,
+}
+# ... only when imported while patched: trio takes the class's methods then
+_AT_IMPORT_ONLY = frozenset(_TRIO_METHODS)
 
 _MISSING: Any = object()
 # (class, name) -> (what the class's own __dict__ held, _MISSING if nothing; our wrapper)
@@ -1095,7 +1134,40 @@ def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:
     return wrap_socket
 
 
+# trio's _SocketType.__init__ (trio 0.35), whose names the wrapper checks
+# before it does the same without the type check
+_TRIO_INIT_NAMES = frozenset(
+    {"TypeError", "__name__", "_did_shutdown_SHUT_WR", "_sock", "_stdlib_socket",
+     "setblocking", "socket", "type"}
+)  # fmt: skip
+
+
+def _wrap_trio_socket_init(original: Any) -> Callable[..., Any]:
+    """trio wraps a socket only if ``type(sock) is socket.socket``: under the
+    patch that class makes rsock sockets and stdlib ones, neither of its own
+    type, so trio refused every socket (``trio.socket.socket()``,
+    ``serve_tcp``, ``open_tcp_stream``, anyio on trio, hypercorn's trio
+    worker).  Those two kinds are taken here as trio takes the class's
+    instances; their methods it calls unbound are the patched class's
+    (``_UNBOUND``), since trio was imported under the patch.  A trio whose
+    ``__init__`` is not the one known here keeps its own check."""
+    code = getattr(original, "__code__", None)
+    known = code is not None and frozenset(code.co_names) == _TRIO_INIT_NAMES
+
+    @_wraps(original)
+    def __init__(self: Any, sock: Any) -> None:
+        if known and (type(sock) is _rs.socket or type(sock) is _Std):
+            self._sock = sock
+            sock.setblocking(False)
+            self._did_shutdown_SHUT_WR = False
+            return
+        original(self, sock)
+
+    return __init__
+
+
 _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
+    "__init__": _wrap_trio_socket_init,
     "create_connection": _wrap_create_connection,
     "create_server": _wrap_create_server,
     "connect_accepted_socket": _wrap_connect_accepted_socket,

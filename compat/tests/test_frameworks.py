@@ -31,6 +31,7 @@ CASES = {
     "aiohttp": ("aiohttp", "aiohttp_server.py", "aiohttp_client.py", ["64"]),
     "requests+http.server": ("requests", "http_server.py", "requests_client.py", []),
     "tornado": ("tornado", "tornado_server.py", "tornado_client.py", []),
+    "trio+anyio": ("trio", "trio_server.py", "trio_client.py", []),
     "websockets": ("websockets", "websockets_server.py", "websockets_client.py", []),
 }
 

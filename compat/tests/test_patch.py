@@ -202,6 +202,88 @@ def test_subclass_defined_under_patch_is_a_stdlib_socket(patched: None) -> None:
         assert not isinstance(u, Mine)
 
 
+@pytest.mark.parametrize("family", ["tcp", "unix"])
+def test_methods_called_on_the_class(patched: None, family: str) -> None:
+    """``socket.socket.recv(sock, n)`` and the rest called on the class (trio
+    takes them so): the patched class answers for rsock sockets (tcp) and
+    stdlib ones (unix) alike, as the stdlib class does for its own."""
+    cls = socket.socket
+    if family == "tcp":
+        listener = socket.create_server(("127.0.0.1", 0))
+        client = socket.create_connection(listener.getsockname())
+        assert isinstance(client, rsock.socket)
+        server, addr = cls.accept(listener)
+        assert isinstance(server, rsock.socket) and addr == client.getsockname()
+    else:
+        listener = None
+        client, server = socket.socketpair()
+        assert type(client) is STD_SOCKET
+    try:
+        assert cls.send(client, b"abc") == 3
+        assert cls.recv(server, 10) == b"abc"
+        cls.sendall(client, b"defg")
+        buf = bytearray(10)
+        assert cls.recv_into(server, buf) == 4 and buf[:4] == b"defg"
+        assert cls.sendmsg(client, [b"h", b"ij"]) == 3
+        assert cls.recvfrom(server, 10)[0] == b"hij"
+        client.sendall(b"klm")
+        assert cls.recvfrom_into(server, buf)[0] == 3 and buf[:3] == b"klm"
+        client.sendall(b"no")
+        assert cls.recvmsg(server, 10)[0] == b"no"
+        client.sendall(b"pq")
+        assert cls.recvmsg_into(server, [buf])[0] == 2 and buf[:2] == b"pq"
+        with pytest.raises(TypeError):
+            cls.recv(client)  # the method's own argument errors
+        assert cls.recv.__name__ == "recv" and cls.recv.__doc__ == STD_SOCKET.recv.__doc__
+    finally:
+        close_all(client, server, *([listener] if listener else []))
+
+
+def test_trio_takes_rsock_sockets(tmp_path: Path) -> None:
+    """trio wraps a socket only if ``type(sock) is socket.socket``; imported
+    under the patch it takes rsock's (and stdlib ones made by the patched
+    class), and calls the class's methods on them.  Imported before the
+    patch it keeps its own check (a clear TypeError)."""
+    out = run_patched(
+        """
+        import socket, trio, trio.socket
+        async def main():
+            listener = trio.socket.socket()
+            await listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            client = trio.socket.socket()
+            await client.connect(listener.getsockname())
+            server, _ = await listener.accept()
+            await client.send(b"hello")
+            print(type(server._sock).__module__, await server.recv(10))
+            a, b = trio.socket.socketpair()
+            await a.send(b"unix")
+            print(type(b._sock).__name__, await b.recv(10))
+            for s in (listener, client, server, a, b):
+                s.close()
+        trio.run(main)
+        """,
+        tmp_path,
+    )
+    assert out.split("\n")[:2] == ["rsock._socket b'hello'", "socket b'unix'"], out
+    out = run_patched(
+        """
+        import rsock
+        rsock.unpatch()
+        import trio, trio.socket
+        rsock.patch()
+        async def main():
+            try:
+                trio.socket.socket()
+            except TypeError as e:
+                print("TypeError", e)
+        trio.run(main)
+        """,
+        tmp_path,
+    )
+    assert out.startswith("TypeError expected object of type 'socket.socket'"), out
+
+
 def test_reference_kept_past_unpatch_builds_stdlib_sockets() -> None:
     rsock.patch()
     kept = socket.socket
