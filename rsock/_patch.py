@@ -59,6 +59,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import operator
+import os
 import socket as _std
 import sys
 import threading
@@ -253,6 +254,26 @@ for _name in _UNBOUND:
         setattr(socket, _name, _unbound(_name))
 
 
+def _os_sendfile(out_fd: Any, in_fd: Any, offset: Any, count: Any) -> int:
+    """``os.sendfile`` while patched: to an rsock socket's ``fileno()`` it
+    sends into the connection (``rsock.socket.os_sendfile``); the kernel's
+    would write into the fd behind ``fileno()`` and fail with EPIPE
+    (pyftpdlib takes that for a peer gone and ends a download at 0 bytes;
+    asyncio's ``sock_sendfile`` native path).  Anything else, and arguments
+    the original would refuse, go to the original."""
+    sock = _rs.live(out_fd) if type(out_fd) is int else None
+    if (
+        sock is not None
+        and _rs.owner_of(sock) is sock
+        and type(in_fd) is int
+        and type(count) is int
+        and count >= 0
+        and (offset is None or (type(offset) is int and offset >= 0))
+    ):
+        return sock.os_sendfile(in_fd, offset, count)
+    return _saved["sendfile"](out_fd, in_fd, offset, count)  # type: ignore[no-any-return]
+
+
 def patch() -> None:
     """Make ``socket.socket(AF_INET/AF_INET6, SOCK_STREAM)`` return
     ``rsock.socket`` for all code (stdlib modules included) that looks
@@ -265,6 +286,9 @@ def patch() -> None:
             return
         _saved["socket"] = _std.__dict__["socket"]
         _std.socket = socket  # type: ignore[misc]
+        if hasattr(os, "sendfile"):
+            _saved["sendfile"] = os.sendfile
+            os.sendfile = _os_sendfile
         _rs.tally = _note  # every rsock connection counts, whatever made it
         _active = True
         # the loops: now for modules already imported, at import for the others
@@ -291,6 +315,9 @@ def unpatch() -> None:
         original = _saved.pop("socket")
         if _std.__dict__.get("socket") is socket:
             _std.socket = original  # type: ignore[misc]
+        sendfile = _saved.pop("sendfile", None)
+        if sendfile is not None and os.sendfile is _os_sendfile:
+            os.sendfile = sendfile
         while _finder in sys.meta_path:
             sys.meta_path.remove(_finder)
         for (cls, name), (before, wrapper) in reversed(list(_installed.items())):

@@ -2125,6 +2125,45 @@ class socket:
 
         return self._send_from(read, block, count, file, offset)
 
+    def os_sendfile(self, in_fd: int, offset: int | None, count: int) -> int:
+        """``os.sendfile(self.fileno(), in_fd, offset, count)`` (``rsock.patch()``
+        routes it here; the kernel's would write into the fd behind
+        ``fileno()``, not into the connection): reads ``in_fd`` with
+        ``os.preadv`` from ``offset`` (or its file position, which then moves
+        past what was sent) and sends, as the kernel's sendfile does on a
+        socket: a socket that blocks with no timeout sends all ``count``
+        bytes (or up to EOF); any other sends what fits now, and raises
+        ``BlockingIOError`` if nothing does.  Returns the bytes sent (0 at
+        EOF)."""
+        h = self._handle()
+        pos = os.lseek(in_fd, 0, os.SEEK_CUR) if offset is None else offset
+        blocking = self._timeout is None
+        buf = memoryview(bytearray(min(count, _SENDFILE_BLOCK)))
+        total = 0
+        try:
+            while total < count:
+                n = os.preadv(in_fd, [buf[: count - total]], pos + total)
+                if not n:
+                    break
+                if blocking:
+                    self.sendall(buf[:n])
+                    total += n
+                    continue
+                rc = _fast_send(h.addr, buf[:n], 0)
+                while rc == _EINTR:
+                    rc = _fast_send(h.addr, buf[:n], 0)
+                if rc < 0:
+                    if total:
+                        break  # the error comes with the next call, as the kernel's
+                    raise self._fail(rc, None)
+                total += rc
+                if rc < n:
+                    break
+        finally:
+            if offset is None and total:
+                os.lseek(in_fd, pos + total, os.SEEK_SET)
+        return total
+
     def _send_from(
         self, read: Callable[[int, int], Any], block: int, count: int | None, file: Any, offset: int
     ) -> int:

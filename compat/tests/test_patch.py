@@ -4,6 +4,7 @@ stays exactly as it was."""
 from __future__ import annotations
 
 import importlib
+import os
 import socket
 import subprocess
 import sys
@@ -237,6 +238,65 @@ def test_methods_called_on_the_class(patched: None, family: str) -> None:
         assert cls.recv.__name__ == "recv" and cls.recv.__doc__ == STD_SOCKET.recv.__doc__
     finally:
         close_all(client, server, *([listener] if listener else []))
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_os_sendfile_to_a_socket(patched: None, kind: str, tmp_path: Path) -> None:
+    """``os.sendfile(sock.fileno(), ...)`` (pyftpdlib sends files so, and
+    asyncio's sock_sendfile): into a kernel TCP socket (the oracle) and, under
+    the patch, into an rsock connection: what is sent and returned, the
+    file's position, and a non-blocking socket whose peer does not read."""
+    data = os.urandom(3 << 20)
+    path = tmp_path / "file"
+    path.write_bytes(data)
+    make = socket.socket if kind == "rsock" else STD_SOCKET
+    listener = make()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    client = make()
+    client.connect(listener.getsockname())
+    server, _ = listener.accept()
+    assert isinstance(client, rsock.socket) == (kind == "rsock")
+    got = bytearray()
+
+    def drain(n: int) -> None:
+        while len(got) < n:
+            got.extend(server.recv(1 << 20))
+
+    reader = threading.Thread(target=drain, args=(len(data) + 1000 + 10,))
+    with open(path, "rb") as f:
+        out = client.fileno()
+        reader.start()
+        assert os.sendfile(out, f.fileno(), None, len(data)) == len(data)  # blocking: all
+        assert f.tell() == len(data)
+        assert os.sendfile(out, f.fileno(), None, 10) == 0  # at EOF
+        assert os.sendfile(out_fd=out, in_fd=f.fileno(), offset=5, count=1000) == 1000
+        assert f.tell() == len(data)  # an offset leaves the position alone
+        assert os.sendfile(out, f.fileno(), len(data) - 10, 100) == 10
+        assert os.sendfile(out, f.fileno(), 0, 0) == 0
+        reader.join(30)
+        assert bytes(got) == data + data[5:1005] + data[-10:]
+        client.setblocking(False)  # the peer reads no more: sends what fits, then EAGAIN
+        sent = 0
+        with pytest.raises(BlockingIOError):
+            for _ in range(10_000):
+                n = os.sendfile(out, f.fileno(), 0, len(data))
+                assert 0 < n <= len(data)
+                sent += n
+        assert sent > 0
+    close_all(client, server, listener)
+    with pytest.raises(OSError):
+        os.sendfile(out, 0, 0, 1)  # closed (or another file now): the original's error
+
+
+def test_unpatch_restores_os_sendfile() -> None:
+    original = os.sendfile
+    rsock.patch()
+    try:
+        assert os.sendfile is not original
+    finally:
+        rsock.unpatch()
+    assert os.sendfile is original
 
 
 def test_trio_takes_rsock_sockets(tmp_path: Path) -> None:

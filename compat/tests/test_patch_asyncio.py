@@ -613,10 +613,11 @@ def test_listener_reader_on_the_loop(kind: str, run: Any) -> None:
     assert sorted(got) == [b"c0", b"c1", b"c2"]
 
 
-def test_sock_sendfile_falls_back_to_sock_sendall(patched: None, tmp_path: Path) -> None:
-    """asyncio's sock_sendfile: os.sendfile cannot write to rsock's fd, so the
-    loop falls back to its sock_sendall, the routed one (uvloop has no
-    sock_sendfile)."""
+def test_sock_sendfile(patched: None, tmp_path: Path) -> None:
+    """asyncio's sock_sendfile on an rsock socket: its native path calls
+    os.sendfile on ``fileno()``, which the patch sends into the connection
+    (it failed with EPIPE before session 22, and the loop fell back to
+    sock_sendall); uvloop has no sock_sendfile."""
     data = os.urandom(9 << 20)
     path = tmp_path / "file"
     path.write_bytes(data)
