@@ -11,6 +11,7 @@ without blocking.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
@@ -146,6 +147,45 @@ def test_readable_on_pending_connection(
             conn, _ = listener.accept()
             conn.close()
         assert not readable(listener, 0.05)
+
+
+def test_epoll_registration_made_before_listen(sockmod: ModuleType) -> None:
+    """asyncore's order (pyftpdlib's loop): ``fileno()`` added to an epoll
+    when the socket is made, then bind() and listen(); the registration
+    reports the pending connection (rsock's fileno() changes its file at
+    listen(): the registration is carried to the new one), level-triggered
+    until it is accepted.  Likewise after a refused connect, which renews a
+    connection's fileno() file."""
+    with select.epoll() as ep, sockmod.socket() as listener:
+        listener.setblocking(False)
+        fd = listener.fileno()
+        ep.register(fd, select.EPOLLIN)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        assert listener.fileno() == fd
+        assert ep.poll(0.05) == []
+        with sockmod.create_connection(listener.getsockname(), timeout=10):
+            assert ep.poll(5) == [(fd, select.EPOLLIN)]
+            assert ep.poll(0) == [(fd, select.EPOLLIN)]
+            conn, _ = listener.accept()
+            conn.close()
+            assert ep.poll(0.05) == []
+    with socket.socket() as probe:  # a port with no listener
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with select.epoll() as ep, sockmod.socket() as c:
+        c.setblocking(False)
+        ep.register(c.fileno(), select.EPOLLOUT)
+        c.connect_ex(("127.0.0.1", port))
+        assert ep.poll(5)  # refused: writable (and error, hang-up)
+        assert c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
+        with sockmod.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            assert c.connect_ex(listener.getsockname()) == errno.ECONNABORTED
+            assert c.connect_ex(listener.getsockname()) in (0, errno.EINPROGRESS)
+            assert ep.poll(5) == [(c.fileno(), select.EPOLLOUT)]
+            listener.accept()[0].close()
 
 
 @pytest.mark.timeout_s(60)

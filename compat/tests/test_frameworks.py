@@ -32,6 +32,7 @@ CASES = {
     "requests+http.server": ("requests", "http_server.py", "requests_client.py", []),
     "tornado": ("tornado", "tornado_server.py", "tornado_client.py", []),
     "trio+anyio": ("trio", "trio_server.py", "trio_client.py", []),
+    "pyftpdlib+ftplib": ("pyftpdlib", "ftp_server.py", "ftp_client.py", []),
     "websockets": ("websockets", "websockets_server.py", "websockets_client.py", []),
 }
 

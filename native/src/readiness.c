@@ -10,6 +10,7 @@
  * hooks and the watcher's own loop, which takes it per event.  Lock order
  * (below, at eng_w): a socket's lock, then the watcher table's eng_w.lock.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -17,6 +18,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -518,13 +520,111 @@ void eng_fd_set_nonblock(int fd, int nb)
 		fcntl(fd, F_SETFL, nb ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
 }
 
+/*
+ * A poller's registration of fileno() across a change of its file.  A
+ * kernel socket keeps one file from socket() to close(), so a program may
+ * add its fd to an epoll before listen() (asyncore's way: pyftpdlib's loop
+ * registers at socket creation) and expect events on it after.  fileno()'s
+ * file changes at listen() (a socketpair's end becomes the listener's epoll
+ * fd) and after a refused connect (a new socketpair): the kernel drops the
+ * old file's registrations with it.  So before the change the process's
+ * epoll instances are searched (/proc/self/fdinfo: each watched fd's number,
+ * events, data and inode) for fa's current file, and each registration is
+ * made again, same events and data, on the new file.  Only when fa was made
+ * before (a rare order); an epoll fd closed and its number reused between
+ * the two steps is told by its inode.
+ */
+#define EPOLL_CARRY_MAX 16
+
+struct epoll_carry {
+	int epfd;
+	ino_t epino;
+	struct epoll_event ev;
+};
+
+static int carry_scan(int epfd, int fd, ino_t ino, struct epoll_carry *c)
+{
+	char path[48], line[256];
+	FILE *f;
+	int found = 0;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", epfd);
+	if (!(f = fopen(path, "re")))
+		return 0;
+	while (!found && fgets(line, sizeof(line), f)) {
+		int tfd;
+		unsigned int events;
+		unsigned long long data;
+		unsigned long tino;
+
+		if (sscanf(line, "tfd: %d events: %x data: %llx pos:%*d ino:%lx",
+			   &tfd, &events, &data, &tino) == 4 &&
+		    tfd == fd && (ino_t)tino == ino) {
+			c->ev.events = events;
+			c->ev.data.u64 = data;
+			found = 1;
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+static int carry_find(int fd, struct epoll_carry *c, int max)
+{
+	struct stat st, est;
+	struct dirent *e;
+	DIR *d;
+	int n = 0;
+
+	if (fstat(fd, &st) < 0 || !(d = opendir("/proc/self/fd")))
+		return 0;
+	while (n < max && (e = readdir(d))) {
+		char link[32];
+		char *end;
+		long ep = strtol(e->d_name, &end, 10);
+		ssize_t l;
+
+		if (*end || end == e->d_name || ep == fd || ep == dirfd(d))
+			continue;
+		l = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+		if (l <= 0)
+			continue;
+		link[l] = '\0';
+		if (strcmp(link, "anon_inode:[eventpoll]") ||
+		    fstat((int)ep, &est) < 0)
+			continue;
+		c[n].epfd = (int)ep;
+		c[n].epino = est.st_ino;
+		if (carry_scan((int)ep, fd, st.st_ino, &c[n]))
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+static void carry_put(int fd, const struct epoll_carry *c, int n)
+{
+	struct stat est;
+	int i;
+
+	for (i = 0; i < n; i++) {
+		struct epoll_event ev = c[i].ev;
+
+		if (fstat(c[i].epfd, &est) == 0 && est.st_ino == c[i].epino)
+			epoll_ctl(c[i].epfd, EPOLL_CTL_ADD, fd, &ev);
+	}
+}
+
 int eng_fd_dup_onto(int from, int fa)
 {
+	struct epoll_carry carry[EPOLL_CARRY_MAX];
 	int fl = fcntl(fa, F_GETFL);
+	int n = carry_find(fa, carry, EPOLL_CARRY_MAX);
 
 	if (dup3(from, fa, O_CLOEXEC) < 0)
 		return -errno;
 	eng_fd_set_nonblock(fa, fl >= 0 && (fl & O_NONBLOCK));
+	carry_put(fa, carry, n);
 	return 0;
 }
 

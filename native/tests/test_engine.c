@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -900,6 +901,53 @@ static void t_fileno_onto(void)
 	close(p[1]);
 }
 
+/* fileno() made before listen() and added to two epolls (one with
+ * edge-triggered events and its own data): listen() changes its file, and
+ * both registrations are on the new one, events and data kept; one that
+ * the program removed before stays removed. */
+static void t_fileno_epoll_carried(void)
+{
+	struct rsk_addr x = { .family = AF_INET };
+	struct epoll_event ev, got;
+	rsk_sock *l, *c, *a;
+	int fd, e1, e2, e3;
+
+	CHECK_EQ(rsk_socket(&l), 0);
+	fd = rsk_fileno(l);
+	CHECK(fd >= 0);
+	e1 = epoll_create1(EPOLL_CLOEXEC);
+	e2 = epoll_create1(EPOLL_CLOEXEC);
+	e3 = epoll_create1(EPOLL_CLOEXEC);
+	CHECK(e1 >= 0 && e2 >= 0 && e3 >= 0);
+	ev = (struct epoll_event){ .events = EPOLLIN, .data.fd = fd };
+	CHECK_EQ(epoll_ctl(e1, EPOLL_CTL_ADD, fd, &ev), 0);
+	ev = (struct epoll_event){ .events = EPOLLIN | EPOLLET,
+				   .data.u64 = 0x1234567890abcdefULL };
+	CHECK_EQ(epoll_ctl(e2, EPOLL_CTL_ADD, fd, &ev), 0);
+	CHECK_EQ(epoll_ctl(e3, EPOLL_CTL_ADD, fd, &ev), 0);
+	CHECK_EQ(epoll_ctl(e3, EPOLL_CTL_DEL, fd, NULL), 0);
+	CHECK_EQ(rsk_listen(l, "rsock-ctest/carry", 17, 4), 0);
+	CHECK_EQ(rsk_fileno(l), fd);
+	CHECK_EQ(epoll_wait(e1, &got, 1, 0), 0); /* nothing pending yet */
+	CHECK_EQ(rsk_socket(&c), 0);
+	CHECK_EQ(rsk_connect(c, "rsock-ctest/carry", 17, &x, &x, 1000), 0);
+	CHECK_EQ(epoll_wait(e1, &got, 1, 1000), 1);
+	CHECK_EQ(got.data.fd, fd);
+	CHECK_EQ(epoll_wait(e2, &got, 1, 1000), 1);
+	CHECK(got.data.u64 == 0x1234567890abcdefULL);
+	CHECK_EQ(epoll_wait(e2, &got, 1, 0), 0); /* edge-triggered: once */
+	CHECK_EQ(epoll_wait(e3, &got, 1, 0), 0);
+	CHECK_EQ(epoll_ctl(e3, EPOLL_CTL_ADD, fd, &ev), 0); /* not there */
+	CHECK_EQ(rsk_accept(l, 1000, &a, NULL, NULL), 0);
+	CHECK_EQ(epoll_wait(e1, &got, 1, 0), 0); /* level: the queue is empty */
+	rsk_free(a);
+	rsk_free(c);
+	rsk_free(l);
+	close(e1);
+	close(e2);
+	close(e3);
+}
+
 /* A rendezvous bound ahead of listen() refuses until someone listens; two
  * endpoints that adopt the same fd (as two processes that inherited it
  * would) serve one queue; any other kind of fd is refused; closing one
@@ -1040,6 +1088,7 @@ int main(void)
 	RUN(t_garbage_client);
 	RUN(t_listen_external_fd);
 	RUN(t_fileno_onto);
+	RUN(t_fileno_epoll_carried);
 	RUN(t_listen_shared);
 	RUN(t_reuseport_join);
 	RUN(t_credit_exhaustion);
