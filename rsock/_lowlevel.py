@@ -139,6 +139,29 @@ def _install_wakeup() -> None:
     lib.rsk_set_signal_fd(r)
 
 
+def hide_wakeup() -> bool:
+    """Takes rsock's pipe off Python's signal wakeup fd, if it is there
+    (trio checks that none is set before it sets its own, and warns of a
+    collision otherwise); True if it was.  :func:`show_wakeup` puts it back."""
+    if not _wakeup or threading.current_thread() is not threading.main_thread():
+        return False
+    old = signal.set_wakeup_fd(-1)
+    if old == _wakeup[1]:
+        return True
+    signal.set_wakeup_fd(old)  # somebody's own: theirs stays
+    return False
+
+
+def show_wakeup() -> None:
+    """rsock's pipe is Python's signal wakeup fd again, unless somebody set
+    another meanwhile."""
+    if not _wakeup or threading.current_thread() is not threading.main_thread():
+        return
+    old = signal.set_wakeup_fd(_wakeup[1], warn_on_full_buffer=False)
+    if old not in (-1, _wakeup[1]):
+        signal.set_wakeup_fd(old)  # somebody's own: theirs stays
+
+
 def _wakeup_after_fork() -> None:
     """A forked child shares the parent's pipe: it gets its own (the
     engine already forgot the parent's)."""

@@ -379,11 +379,16 @@ _SSL_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
 _TRIO_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
     "trio._socket": {"_SocketType": ("__init__",)},
 }
+# trio's run sets Python's signal wakeup fd and warns if one was set
+_TRIO_WAKEUP: dict[str, dict[str, tuple[str, ...]]] = {
+    "trio._core._wakeup_socketpair": {"WakeupSocketpair": ("wakeup_on_signals", "close")},
+}
 # every module whose classes patch() changes: now, or when it is imported
 _HOOKED: dict[str, dict[str, tuple[str, ...]]] = {
     **_LOOP_METHODS,
     **_SSL_METHODS,
     **_TRIO_METHODS,
+    **_TRIO_WAKEUP,
 }
 # ... only when imported while patched: trio takes the class's methods then
 _AT_IMPORT_ONLY = frozenset(_TRIO_METHODS)
@@ -1193,8 +1198,39 @@ def _wrap_trio_socket_init(original: Any) -> Callable[..., Any]:
     return __init__
 
 
+def _wrap_trio_wakeup_on_signals(original: Any) -> Callable[..., Any]:
+    """trio.run makes its socketpair Python's signal wakeup fd, and warns
+    ("might have collided with another library") if one was set: rsock's
+    pipe is, once the main thread has made an rsock socket (hypercorn's trio
+    worker gets its listener before trio.run).  rsock's steps aside for the
+    run (trio sees none) and comes back when trio restores what it saw."""
+
+    @_wraps(original)
+    def wakeup_on_signals(self: Any) -> None:
+        hid = _ll.hide_wakeup()
+        try:
+            original(self)
+        finally:
+            if hid:
+                self._rsock_wakeup_hidden = True
+
+    return wakeup_on_signals
+
+
+def _wrap_trio_wakeup_close(original: Any) -> Callable[..., Any]:
+    @_wraps(original)
+    def close(self: Any) -> None:
+        original(self)
+        if self.__dict__.pop("_rsock_wakeup_hidden", False):
+            _ll.show_wakeup()
+
+    return close
+
+
 _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "__init__": _wrap_trio_socket_init,
+    "wakeup_on_signals": _wrap_trio_wakeup_on_signals,
+    "close": _wrap_trio_wakeup_close,
     "create_connection": _wrap_create_connection,
     "create_server": _wrap_create_server,
     "connect_accepted_socket": _wrap_connect_accepted_socket,

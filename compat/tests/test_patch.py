@@ -326,6 +326,29 @@ def test_trio_takes_rsock_sockets(tmp_path: Path) -> None:
         tmp_path,
     )
     assert out.split("\n")[:2] == ["rsock._socket b'hello'", "socket b'unix'"], out
+    # a socket made before trio.run (rsock's signal wakeup pipe is set then):
+    # trio finds no wakeup fd set (it warns of a collision otherwise), and
+    # rsock's pipe is back after the run
+    out = run_patched(
+        """
+        import signal, socket, warnings
+        warnings.simplefilter("error")
+        import trio
+        from rsock import _lowlevel
+        s = socket.socket()
+        mine = _lowlevel._wakeup[1]
+        async def main():
+            await trio.sleep(0)
+            theirs = signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(theirs, warn_on_full_buffer=False)
+            print(theirs not in (-1, mine))  # trio's, during the run
+        trio.run(main)
+        print(signal.set_wakeup_fd(-1) == mine)
+        s.close()
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["True", "True"], out
     out = run_patched(
         """
         import rsock
