@@ -1450,12 +1450,15 @@ async def sendfile(
     the loop's method here, on asyncio's loops and on uvloop).
 
     A regular file goes the native way: read from ``offset`` with
-    ``os.preadv`` in 256 KiB steps straight into the connection's ring (the
-    loop's own fallback for a transport without ``os.sendfile`` reads 16
-    KiB per step in a thread).  Anything else (a pipe, an ``io.BytesIO``)
-    is read in a thread with ``readinto``, if ``fallback`` allows (else
-    ``asyncio.SendfileNotAvailableError``, as asyncio's loops raise).  Returns the bytes sent; the
-    file's position is then ``offset`` plus that, also after an error."""
+    ``os.preadv`` on the loop's thread (as ``os.sendfile`` runs on asyncio's
+    native path), 256 KiB at a time into one buffer, each step copied into
+    the connection's ring (the loop's own fallback for a transport without
+    ``os.sendfile`` reads 16 KiB per step in a thread).  Anything else (a
+    pipe, an ``io.BytesIO``) is read in the loop's executor with
+    ``readinto``, if ``fallback`` allows (else
+    ``asyncio.SendfileNotAvailableError``, as asyncio's loops raise).
+    Returns the bytes sent; the file's position is then ``offset`` plus
+    that, also after an error."""
     if not isinstance(transport, RsockTransport):
         raise TypeError(f"transport {transport!r} is not an rsock transport")
     if transport.is_closing():
