@@ -256,7 +256,7 @@ for _name in _UNBOUND:
 
 def _os_sendfile(out_fd: Any, in_fd: Any, offset: Any, count: Any) -> int:
     """``os.sendfile`` while patched: to an rsock socket's ``fileno()`` it
-    sends into the connection (``rsock.socket.os_sendfile``); the kernel's
+    sends into the connection (``rsock.socket._os_sendfile``); the kernel's
     would write into the fd behind ``fileno()`` and fail with EPIPE
     (pyftpdlib takes that for a peer gone and ends a download at 0 bytes;
     asyncio's ``sock_sendfile`` native path).  Anything else, and arguments
@@ -270,7 +270,7 @@ def _os_sendfile(out_fd: Any, in_fd: Any, offset: Any, count: Any) -> int:
         and count >= 0
         and (offset is None or (type(offset) is int and offset >= 0))
     ):
-        return sock.os_sendfile(in_fd, offset, count)
+        return sock._os_sendfile(in_fd, offset, count)
     return _saved["sendfile"](out_fd, in_fd, offset, count)  # type: ignore[no-any-return]
 
 

@@ -2125,7 +2125,7 @@ class socket:
 
         return self._send_from(read, block, count, file, offset)
 
-    def os_sendfile(self, in_fd: int, offset: int | None, count: int) -> int:
+    def _os_sendfile(self, in_fd: int, offset: int | None, count: int) -> int:
         """``os.sendfile(self.fileno(), in_fd, offset, count)`` (``rsock.patch()``
         routes it here; the kernel's would write into the fd behind
         ``fileno()``, not into the connection): reads ``in_fd`` with
