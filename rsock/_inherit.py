@@ -11,7 +11,9 @@ Python process it starts (the start-up hook in ``rsock/_boot``):
   ``<dir>/<pid>`` (``<pid>.<n>`` when a pid comes back), as it happens,
   through a shared mapping of that file (no system call per event), so
   that a process that ends by ``os._exit()`` or a signal is counted too;
-  the top process sums the files into the report when it exits.
+  the top process sums the files into the report when it exits (its
+  ``atexit``; or, when it dies without it, by a signal or ``os._exit``, a
+  detached process of rsock's that waits on its pidfd: ``_watch_top``).
 
 A ``fork()`` child is patched already (the patch is process memory); it
 starts its own count file and its own in-memory counters.
@@ -126,7 +128,9 @@ def start_top(report: str | None, inherit: bool) -> None:
         directory = tempfile.mkdtemp(prefix="rsock-report-")
         import atexit
 
-        atexit.register(_write_report, os.path.abspath(report), directory, os.getpid())
+        out = os.path.abspath(report)
+        atexit.register(_write_report, out, directory, os.getpid())
+        _watch_top(out, directory)
     if inherit:
         os.environ[ENV_RUN] = "1"
         path = os.environ.get("PYTHONPATH")
@@ -153,13 +157,63 @@ def tally(directory: str) -> tuple[Counter[str], int]:
     return total, processes
 
 
+def _watch_top(path: str, directory: str) -> None:
+    """A process of its own that writes the report if the top process ends
+    without its ``atexit`` hooks (killed by a signal: a server stopped by
+    SIGTERM that installs no handler; ``os._exit``): it waits on a pidfd
+    of the top process and, once it is gone, sums the counts if the
+    directory is still there.  Started before the program runs, detached
+    (a grandchild in a session of its own, so the program never waits for
+    it or signals it with its group), with every fd it inherited closed
+    (it must not keep the program's files or sockets open), ignoring the
+    terminal's signals.  Without pidfds (Linux < 5.3) there is none."""
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError):
+        return
+    try:
+        child = os.fork()
+    except OSError:
+        os.close(pidfd)
+        return
+    if child:
+        os.close(pidfd)
+        os.waitpid(child, 0)  # (the middle process leaves at once)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        import select
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, pidfd)
+        os.closerange(pidfd + 1, 1 << 20)
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while not poller.poll():
+            pass
+        if os.path.isdir(directory):
+            _write_report(path, directory, os.getpid())
+    except BaseException:
+        pass
+    os._exit(0)
+
+
 def _write_report(path: str, directory: str, top: int) -> None:
     if os.getpid() != top:
         return  # a fork child leaving by sys.exit(): only the top process writes it
     counts, processes = tally(directory)
     report: dict[str, int] = dict(counts)
     report["processes"] = processes
-    with open(path, "w", encoding="utf-8") as f:
+    part = f"{path}.{os.getpid()}.part"  # then renamed: the file appears whole
+    with open(part, "w", encoding="utf-8") as f:
         json.dump(report, f, sort_keys=True)
         f.write("\n")
+    os.replace(part, path)
     shutil.rmtree(directory, ignore_errors=True)

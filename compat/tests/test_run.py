@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,38 @@ def test_report_counts_every_way_a_process_ends(tmp_path: Path) -> None:
     proc = rsock_run("run", "--report", str(report), "-c", textwrap.dedent(code), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(report.read_text()) == {"rsock": 12008, "processes": 3}
+
+
+@pytest.mark.parametrize("end", ["SIGTERM", "os._exit"])
+def test_report_of_a_top_process_that_ends_without_atexit(end: str, tmp_path: Path) -> None:
+    """The top process killed by a signal it does not handle (a server
+    stopped by SIGTERM) or leaving by os._exit() runs no atexit hook; the
+    report is written anyway (by rsock's watcher of the top process, soon
+    after), and nothing of rsock's holds the program's pipes open meanwhile
+    (capture_output returns).  The exit status is the program's."""
+    code = f"""
+        import os, signal, socket
+        srv = socket.create_server(("127.0.0.1", 0))
+        cli = socket.create_connection(srv.getsockname())
+        conn, _ = srv.accept()
+        print("made", flush=True)
+        if {end!r} == "SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(7)
+    """
+    report = tmp_path / "r.json"
+    proc = rsock_run("run", "--report", str(report), "-c", textwrap.dedent(code), cwd=tmp_path)
+    assert proc.returncode == (-15 if end == "SIGTERM" else 7), proc.stderr
+    assert proc.stdout == "made\n"
+    deadline = time.monotonic() + 10
+    while not report.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert json.loads(report.read_text()) == {
+        "rsock": 2,
+        "connect:shm": 1,
+        "accept:shm": 1,
+        "processes": 1,
+    }
 
 
 def test_report_count_file_of_a_pid_that_comes_back(tmp_path: Path) -> None:
