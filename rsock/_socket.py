@@ -255,6 +255,18 @@ _live: weakref.WeakValueDictionary[int, socket] = weakref.WeakValueDictionary()
 _live_refs: dict[int, weakref.ref[socket]] = _live.data  # type: ignore[attr-defined]
 
 
+# fork() children this process is down the line of (bumped in each child)
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
+
 def live(fd: int) -> socket | None:
     """The open rsock socket whose fileno() is ``fd`` (``_live.get``)."""
     r = _live_refs.get(fd)
@@ -503,6 +515,7 @@ class _Core:
         "listen_addr",
         "loop_fd",
         "fd",
+        "forks",
         "fd_block",
         "inheritable",
         "joined",
@@ -541,6 +554,7 @@ class _Core:
         self.listen_addr: tuple[Any, ...] | None = None
         self.loop_fd = 0  # event-loop watches of fileno() (socket._loop_watches_fd)
         self.fd = -1  # fileno(), once made (the same number for the handle's life)
+        self.forks = 0  # _forks when fileno() last asked the engine
         # fileno()'s O_NONBLOCK flag is off (made on: _fd_mode); one flag for
         # all dup()s, as a dup'd fd shares its file's
         self.fd_block = False
@@ -715,8 +729,16 @@ class socket:
         fd = core.fd
         if fd < 0:
             fd = core.fd = _ll.fileno(h)  # made on first use, O_NONBLOCK
+            core.forks = _forks
             if self._timeout is None:
                 self._fd_mode()
+        elif core.forks != _forks:
+            # made before a fork, first asked for here since: the engine
+            # follows a connection nobody claimed since the fork for this
+            # process's watcher too (else its fd turned readable only
+            # while the parent still held its copy)
+            _ll.fileno(h)
+            core.forks = _forks
         r = _live_refs.get(fd)
         if r is None or r() is not self:  # (cheaper than setting it again)
             _live[fd] = self

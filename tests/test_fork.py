@@ -105,6 +105,50 @@ def test_child_serves_while_parent_watches(sockmod: ModuleType, transport: str) 
 
 
 @pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("shutdown", [False, True])
+def test_child_polls_then_closes(sockmod: ModuleType, shutdown: bool) -> None:
+    """rpyc's ForkingServer: the parent asks the accepted connection's
+    fileno() (to log it), forks and closes its copy at once; the child waits
+    in select() before each read, answers, and closes (with or without
+    shutdown() first).  The request comes after the parent's close: the
+    child's select() must see it (rsock's fileno() turned readable only
+    while the parent held its copy), and the client must read the answer,
+    then EOF (rsock's gave a reset when the child closed without
+    shutdown())."""
+    import select
+
+    with sockmod.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(1)
+        client = sockmod.create_connection(lst.getsockname(), timeout=20)
+        with client:
+            conn, _ = lst.accept()
+            conn.fileno()
+            pid = os.fork()
+            if pid == 0:  # the child: one request, then close and linger
+                code = 1
+                try:
+                    lst.close()
+                    r, _, _ = select.select([conn], [], [], 10)
+                    if r:
+                        conn.sendall(b"child " + conn.recv(10))
+                        if shutdown:
+                            conn.shutdown(socket.SHUT_RDWR)
+                        conn.close()
+                        code = 0
+                finally:
+                    os._exit(code)
+            try:
+                conn.close()
+                client.sendall(b"ping")
+                assert recv_exact(client, 10) == b"child ping"
+                assert client.recv(10) == b""
+            finally:
+                _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.timeout_s(60)
 @pytest.mark.parametrize("waiter", ["select", "poll", "selectors"])
 @pytest.mark.parametrize("child", ["exits", "lives"])
 def test_parent_polling_after_fork_sees_new_data(

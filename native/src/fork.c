@@ -21,10 +21,12 @@
  * would, but its engine state (counters) is private to each.  Exactly one
  * process may use it: the owner, a pid kept in shared memory (eng_claim).
  * Accept-then-fork servers work: the child serves, the parent closes its
- * copy without using it; whoever loses the claim gets EBADF.  A connection that crossed a fork never
- * sends FIN or RESET on close() (another process may hold it; the peer
- * learns from the liveness channel when the last holder is gone), but an
- * explicit shutdown() does.
+ * copy without using it; whoever loses the claim gets EBADF.  A connection
+ * that crossed a fork ends (FIN, or RESET over unread data) on the close()
+ * of the process that owns it, the only one that may use it; a copy nobody
+ * used since the fork closes quietly (the peer learns from the liveness
+ * channel when the last holder is gone); an explicit shutdown() always
+ * ends it.
  */
 static unsigned eng_fork_gen;  /* bumped in a child */
 static unsigned eng_fork_pgen; /* bumped in a parent */

@@ -138,6 +138,11 @@ int rsk_fileno(rsk_sock *s)
 		rc = -EBADF;
 	} else if (s->fa >= 0) {
 		rc = s->fa;
+		/* made before a fork: this process's watcher follows it too
+		 * while nobody has claimed it (the parent's stops when the
+		 * parent closes its copy) */
+		if (!s->closed && eng_forked(s) && !eng_owned(s))
+			eng_watch_unowned(s);
 	} else {
 		rc = eng_fd_make(s);
 		/* made now: show the state it must (as eng_leave does) */
@@ -279,7 +284,13 @@ int rsk_close(rsk_sock *s)
 		 * side hangs up the liveness fd) would wake the watcher thread
 		 * for a socket about to go, and race this close for the lock */
 		eng_watch_del(s);
-	if (s->kind == K_CONN && !(s->p.flags & F_DEAD) && !eng_forked(s)) {
+	/* after a fork, only the process that owns the connection ends it
+	 * (FIN): nobody else may use it any more (another process that
+	 * still holds it gets EBADF), so its close is the last one that
+	 * counts; a copy nobody used since the fork closes quietly (the
+	 * child of an accept-then-fork server still serves it) */
+	if (s->kind == K_CONN && !(s->p.flags & F_DEAD) &&
+	    (!eng_forked(s) || eng_owned(s))) {
 		eng_progress(s);
 		proto_close(&s->p);
 	}
