@@ -50,7 +50,7 @@ APPS = Path(__file__).resolve().with_name("apps")
 BOOT = Path(__file__).resolve().parents[1] / "_boot"  # rsock run's start-up hook directory
 TRANSPORTS = ("tcp", "rsock")
 FRAMEWORKS = ("aiohttp", "uvicorn", "uvloop", "httpx", "h11", "httptools", "tornado",
-              "websockets", "requests", "distributed", "numpy")  # fmt: skip
+              "trio", "websockets", "requests", "distributed", "numpy")  # fmt: skip
 FAST = ("shm", "verbs")
 EXIT_FAILED = 1
 
@@ -100,6 +100,10 @@ CASES = (
             ("tornado",), ("tornado_server.py",), "tornado_client.py", "rtt"),
     AppCase("tornado-newconn", "tornado new connection per 64 B round trip", "conn/s",
             ("tornado",), ("tornado_server.py",), "tornado_client.py", "newconn"),
+    AppCase("trio-rtt", "trio serve_tcp/open_tcp_stream 64 B round trips", "RT/s",
+            ("trio",), ("trio_server.py",), "trio_client.py", "rtt"),
+    AppCase("trio-newconn", "trio new connection per 64 B round trip", "conn/s",
+            ("trio",), ("trio_server.py",), "trio_client.py", "newconn"),
     AppCase("websockets-64b", "websockets 64 B messages (echoed)", "msg/s", ("websockets",),
             ("websockets_server.py",), "websockets_client.py", "small"),
     AppCase("websockets-1mib", "websockets 1 MiB echo", "MB/s", ("websockets",),

@@ -1,0 +1,63 @@
+"""trio, as its tutorial shows: ``trio.open_tcp_stream`` round trips (no rsock
+import).
+
+``trio_client.py PORT MODE SECONDS WARMUP``; MODE: rtt (64-byte messages, each
+echoed before the next is sent) or newconn (a new connection per message:
+connect, one round trip, close).  Runs WARMUP seconds, then SECONDS seconds, and
+prints one JSON line: round trips, bytes sent, elapsed."""
+
+import json
+import sys
+import time
+
+import trio
+
+MSG = b"x" * 64
+
+
+async def receive_exactly(stream: trio.SocketStream, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = await stream.receive_some(n - len(buf))
+        assert chunk, "EOF"
+        buf += chunk
+    return buf
+
+
+async def rtt(stream: trio.SocketStream, seconds: float) -> dict[str, float]:
+    count = 0
+    start = time.perf_counter()
+    while True:
+        await stream.send_all(MSG)
+        assert await receive_exactly(stream, len(MSG)) == MSG
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed}
+
+
+async def newconn(port: int, seconds: float) -> dict[str, float]:
+    count = 0
+    start = time.perf_counter()
+    while True:
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(MSG)
+            assert await receive_exactly(stream, len(MSG)) == MSG
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed}
+
+
+async def main(port: int, mode: str, seconds: float, warmup: float) -> None:
+    assert mode in ("rtt", "newconn"), mode
+    if mode == "newconn":
+        await newconn(port, warmup)
+        print(json.dumps(await newconn(port, seconds)), flush=True)
+        return
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await rtt(stream, warmup)
+        print(json.dumps(await rtt(stream, seconds)), flush=True)
+
+
+trio.run(main, int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
