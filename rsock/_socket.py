@@ -267,6 +267,18 @@ def _count_fork() -> None:
 os.register_at_fork(after_in_child=_count_fork)
 
 
+def check_sendfile_file(file: Any, count: Any) -> None:
+    """What the stdlib's sendfile (the socket's and asyncio's) checks of the
+    file and the count, with its errors."""
+    if "b" not in getattr(file, "mode", "b"):
+        raise ValueError("file should be opened in binary mode")
+    if count is not None:
+        if not isinstance(count, int):
+            raise TypeError(f"count must be a positive integer (got {count!r})")
+        if count <= 0:
+            raise ValueError(f"count must be a positive integer (got {count!r})")
+
+
 def live(fd: int) -> socket | None:
     """The open rsock socket whose fileno() is ``fd`` (``_live.get``)."""
     r = _live_refs.get(fd)
@@ -2088,13 +2100,7 @@ class socket:
             return self._sendfile_use_send(file, offset, count)
 
     def _check_sendfile_params(self, file: Any, offset: int, count: int | None) -> None:
-        if "b" not in getattr(file, "mode", "b"):
-            raise ValueError("file should be opened in binary mode")
-        if count is not None:
-            if not isinstance(count, int):
-                raise TypeError(f"count must be a positive integer (got {count!r})")
-            if count <= 0:
-                raise ValueError(f"count must be a positive integer (got {count!r})")
+        check_sendfile_file(file, count)
 
     @routed
     def _sendfile_use_sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:

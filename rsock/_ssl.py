@@ -908,13 +908,7 @@ class SSLSocket:
         if self._sslobj is None:
             self._arm_writer(self._timeout, None, "write")
             return self._inner().sendfile(file, offset, count)
-        if "b" not in getattr(file, "mode", "b"):
-            raise ValueError("file should be opened in binary mode")
-        if count is not None:
-            if not isinstance(count, int):
-                raise TypeError(f"count must be a positive integer (got {count!r})")
-            if count <= 0:
-                raise ValueError(f"count must be a positive integer (got {count!r})")
+        _rs.check_sendfile_file(file, count)
         if self._timeout == 0.0:
             raise ValueError("non-blocking sockets are not supported")
         try:

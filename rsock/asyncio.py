@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from rsock import _lowlevel as _ll
 from rsock._paths import env_raw
 from rsock._readiness import POLLIN, POLLOUT, Watch
-from rsock._socket import socket
+from rsock._socket import check_sendfile_file, socket
 
 _fast_send = _ll.fast_send
 _fast_recv_into = _ll.fast_recv_into
@@ -577,9 +577,9 @@ class RsockTransport(transports._FlowControlMixin):
     def writelines(self, list_of_data: Iterable[Any]) -> None:
         self.write(b"".join(list_of_data))
 
-    def _send(self, data: Any) -> int:
+    def _send(self, data: Any, raise_fatal: bool = False) -> int:
         """Non-blocking send: bytes taken (0 if none fit), or -1 after a
-        fatal error was handled."""
+        fatal error was handled (and raised, with ``raise_fatal``)."""
         while True:
             rc: int = _fast_send(self._handle.addr, data, 0)
             if rc >= 0:
@@ -587,7 +587,10 @@ class RsockTransport(transports._FlowControlMixin):
             if rc == -errno.EAGAIN:
                 return 0
             if rc != -errno.EINTR:
-                self._fatal_error(self._watch.error(rc), "Fatal write error on rsock transport")
+                exc = self._watch.error(rc)
+                self._fatal_error(exc, "Fatal write error on rsock transport")
+                if raise_fatal:
+                    raise exc
                 return -1
 
     def _flush(self) -> None:
@@ -820,7 +823,7 @@ class RsockTransport(transports._FlowControlMixin):
                     self._poll_seen = True
                 elif self._poller is not None:
                     self._poller.touch(self)
-                sent = self._send_now(view[:got])
+                sent = self._send(view[:got], raise_fatal=True)
                 total += got  # all of it is the stream's now
                 if sent < got:
                     # the ring is full: the rest waits in the queue (the
@@ -853,19 +856,6 @@ class RsockTransport(transports._FlowControlMixin):
                 os.lseek(fileno, offset + total, os.SEEK_SET)
         return total
 
-    def _send_now(self, data: memoryview) -> int:
-        """Bytes of ``data`` the ring takes now (0 if none); a fatal error
-        closes the transport, as a write's does, and is raised."""
-        while True:
-            rc: int = _fast_send(self._handle.addr, data, 0)
-            if rc >= 0:
-                return rc
-            if rc == -errno.EAGAIN:
-                return 0
-            if rc != -errno.EINTR:
-                exc = self._watch.error(rc)
-                self._fatal_error(exc, "Fatal write error on rsock transport")
-                raise exc
 
     def __del__(self, _warn: Any = warnings.warn) -> None:
         watch = getattr(self, "_watch", None)
@@ -1415,13 +1405,7 @@ async def start_tls(
 
 def _check_sendfile_params(file: Any, offset: Any, count: Any) -> None:
     # asyncio's own checks (BaseEventLoop._check_sendfile_params), same errors
-    if "b" not in getattr(file, "mode", "b"):
-        raise ValueError("file should be opened in binary mode")
-    if count is not None:
-        if not isinstance(count, int):
-            raise TypeError(f"count must be a positive integer (got {count!r})")
-        if count <= 0:
-            raise ValueError(f"count must be a positive integer (got {count!r})")
+    check_sendfile_file(file, count)
     if not isinstance(offset, int):
         raise TypeError(f"offset must be a non-negative integer (got {offset!r})")
     if offset < 0:

@@ -6,9 +6,11 @@ echoed before the next is sent) or newconn (a new connection per message:
 connect, one round trip, close).  Runs WARMUP seconds, then SECONDS seconds, and
 prints one JSON line: round trips, bytes sent, elapsed."""
 
+import functools
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -24,40 +26,39 @@ async def receive_exactly(stream: trio.SocketStream, n: int) -> bytes:
     return buf
 
 
-async def rtt(stream: trio.SocketStream, seconds: float) -> dict[str, float]:
+async def timed(step: Callable[[], Awaitable[None]], seconds: float) -> dict[str, float]:
+    """Runs ``step`` (one round trip) for ``seconds``: round trips, bytes, elapsed."""
     count = 0
     start = time.perf_counter()
     while True:
-        await stream.send_all(MSG)
-        assert await receive_exactly(stream, len(MSG)) == MSG
+        await step()
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed}
 
 
-async def newconn(port: int, seconds: float) -> dict[str, float]:
-    count = 0
-    start = time.perf_counter()
-    while True:
-        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-            await stream.send_all(MSG)
-            assert await receive_exactly(stream, len(MSG)) == MSG
-        count += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed}
+async def round_trip(stream: trio.SocketStream) -> None:
+    await stream.send_all(MSG)
+    assert await receive_exactly(stream, len(MSG)) == MSG
+
+
+async def newconn(port: int) -> None:
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await round_trip(stream)
 
 
 async def main(port: int, mode: str, seconds: float, warmup: float) -> None:
     assert mode in ("rtt", "newconn"), mode
     if mode == "newconn":
-        await newconn(port, warmup)
-        print(json.dumps(await newconn(port, seconds)), flush=True)
+        step = functools.partial(newconn, port)
+        await timed(step, warmup)
+        print(json.dumps(await timed(step, seconds)), flush=True)
         return
     async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-        await rtt(stream, warmup)
-        print(json.dumps(await rtt(stream, seconds)), flush=True)
+        step = functools.partial(round_trip, stream)
+        await timed(step, warmup)
+        print(json.dumps(await timed(step, seconds)), flush=True)
 
 
 trio.run(main, int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
