@@ -557,7 +557,7 @@ static int carry_scan(int epfd, int fd, ino_t ino, struct epoll_carry *c)
 		unsigned long long data;
 		unsigned long tino;
 
-		if (sscanf(line, "tfd: %d events: %x data: %llx pos:%*d ino:%lx",
+		if (sscanf(line, "tfd: %d events: %x data: %llx pos:%*[-0-9] ino:%lx",
 			   &tfd, &events, &data, &tino) == 4 &&
 		    tfd == fd && (ino_t)tino == ino) {
 			c->ev.events = events;
