@@ -14,7 +14,9 @@ sleep on it safely; the loop thread never spins
 otherwise).
 
 Entry points mirror the loop's and asyncio's: :func:`create_server`,
-:func:`create_connection`, :func:`start_server`, :func:`open_connection`.
+:func:`create_connection`, :func:`start_server`, :func:`open_connection`,
+:func:`start_tls` and :func:`sendfile` (``loop.start_tls``/``loop.sendfile`` of
+an rsock transport).
 """
 
 from __future__ import annotations
