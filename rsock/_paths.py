@@ -131,8 +131,26 @@ def refusal(detail: str) -> str | None:
     return None
 
 
+def _mapped_v4(host: str) -> str | None:
+    """The IPv4 address of an IPv4-mapped IPv6 one (``::ffff:a.b.c.d``), or None."""
+    if not host.startswith("::ffff:") and not host.startswith("::FFFF:"):
+        return None
+    try:
+        v4 = ipaddress.IPv6Address(host).ipv4_mapped
+    except ValueError:
+        return None
+    return None if v4 is None else str(v4)
+
+
 def client_names(family: int, host: str, port: int) -> list[bytes]:
-    """Rendezvous names a client tries for (host, port), most specific first."""
+    """Rendezvous names a client tries for (host, port), most specific first.
+    An IPv4-mapped address is IPv4 to the kernel: its listeners are the
+    IPv4 ones (and dual-stack ones, which take the IPv4 wildcard's name),
+    never an IPv6-only one."""
+    if family == _std.AF_INET6:
+        v4 = _mapped_v4(host)
+        if v4 is not None:
+            family, host = _std.AF_INET, v4
     tag = "4" if family == _std.AF_INET else "6"
     names = [f"rsock/{tag}/{host}/{port}".encode()]
     wild = "0.0.0.0" if family == _std.AF_INET else "::"
@@ -224,6 +242,9 @@ def listen_names(family: int, tcp: _std.socket) -> list[bytes]:
         and not tcp.getsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY)
     ):
         names.append(f"rsock/4/0.0.0.0/{port}".encode())
+    v4 = _mapped_v4(host) if family == _std.AF_INET6 else None
+    if v4 is not None:  # bound to an IPv4-mapped address: an IPv4 listener
+        names.append(f"rsock/4/{v4}/{port}".encode())
     return names
 
 
@@ -310,6 +331,15 @@ def v4_mapped(addr: tuple[Any, ...]) -> tuple[Any, ...]:
     return addr
 
 
+def v4_unmapped(addr: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An IPv4-mapped IPv6 address as an IPv4 socket shows it."""
+    if len(addr) == 4:
+        v4 = _mapped_v4(str(addr[0]))
+        if v4 is not None:
+            return (v4, addr[1])
+    return addr
+
+
 def verbs_dst(family: int, dst: tuple[Any, ...]) -> tuple[int, tuple[Any, ...], int]:
     """(family, address, loopback flags) to hand rdma_cm for a verbs
     connect to dst (loopback mapped: the server shows it as such)."""
@@ -361,4 +391,7 @@ def accepted_addrs(
     if family == _std.AF_INET6:
         # an IPv4 client of a dual-stack listener
         peer, local = v4_mapped(peer), v4_mapped(local)
+    else:
+        # a client that connected to an IPv4-mapped address: IPv4 here
+        peer, local = v4_unmapped(peer), v4_unmapped(local)
     return peer, local

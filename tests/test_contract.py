@@ -870,6 +870,50 @@ def test_create_server_dualstack(sockmod: ModuleType, transport: str) -> None:
                     assert recv_exact(conn, 2) == b"hi"
 
 
+def test_ipv4_mapped_addresses(sockmod: ModuleType, transport: str) -> None:
+    """An IPv4-mapped address (``::ffff:127.0.0.1``) is IPv4 to the kernel:
+    an AF_INET6 connect to it reaches the IPv4 listener of the port, never an
+    IPv6-only one on the same port (asyncio's start_server(host=None) makes
+    both), and the IPv4 listener sees an IPv4 peer; an AF_INET6 listener
+    bound to a mapped address takes IPv4 clients (rsock took the wrong
+    listener, and refused the third case, before session 22)."""
+    if not has_ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    with sockmod.create_server(("127.0.0.1", 0)) as v4:
+        port = v4.getsockname()[1]
+        with sockmod.create_server(("::", port), family=sockmod.AF_INET6) as v6only:
+            assert v6only.getsockopt(sockmod.IPPROTO_IPV6, sockmod.IPV6_V6ONLY) == 1
+            v4.settimeout(20)
+            v6only.setblocking(False)
+            with sockmod.create_connection(("::ffff:127.0.0.1", port), timeout=20) as c:
+                conn, addr = v4.accept()
+                with conn:
+                    assert_fast_path(transport, c, conn)
+                    assert c.family == sockmod.AF_INET6
+                    assert c.getsockname() == ("::ffff:127.0.0.1", addr[1], 0, 0)
+                    assert c.getpeername() == ("::ffff:127.0.0.1", port, 0, 0)
+                    assert addr == ("127.0.0.1", c.getsockname()[1])
+                    assert conn.getsockname() == ("127.0.0.1", port)
+                    c.sendall(b"v4")
+                    conn.settimeout(10)
+                    assert recv_exact(conn, 2) == b"v4"
+                with pytest.raises(BlockingIOError):
+                    v6only.accept()
+    with sockmod.socket(sockmod.AF_INET6, sockmod.SOCK_STREAM) as mapped:
+        mapped.bind(("::ffff:127.0.0.1", 0))
+        mapped.listen()
+        mapped.settimeout(20)
+        port = mapped.getsockname()[1]
+        with sockmod.create_connection(("127.0.0.1", port), timeout=20) as c:
+            conn, addr = mapped.accept()
+            with conn:
+                assert_fast_path(transport, c, conn)
+                assert addr == ("::ffff:127.0.0.1", c.getsockname()[1], 0, 0)
+                c.sendall(b"v6")
+                conn.settimeout(10)
+                assert recv_exact(conn, 2) == b"v6"
+
+
 def test_module_reexports(sockmod: ModuleType) -> None:
     for name in (
         "getaddrinfo",
