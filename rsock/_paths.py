@@ -296,7 +296,12 @@ def verbs_target(family: int, host: str) -> tuple[int, str]:
     """rdma_cm cannot route loopback addresses (on rxe it answers ENODEV):
     RSOCK_PROVIDER=verbs on 127.0.0.1 or ::1 uses the IPv4 address of the
     first RDMA device's network interface instead (or RSOCK_VERBS_LOOPBACK).
-    Returns the (family, host) to hand to rdma_cm."""
+    Returns the (family, host) to hand to rdma_cm; an IPv4-mapped address
+    as the IPv4 one it is (rdma_cm cannot bind a mapped address)."""
+    if family == _std.AF_INET6:
+        v4 = _mapped_v4(host)
+        if v4 is not None:
+            family, host = _std.AF_INET, v4
     try:
         loop = ipaddress.ip_address(host.split("%")[0]).is_loopback
     except ValueError:
