@@ -906,8 +906,9 @@ def test_ipv4_mapped_addresses(sockmod: ModuleType, transport: str) -> None:
     if not has_ipv6_loopback():
         pytest.skip("no IPv6 loopback here")
     if transport == "tcp" or FAST_PROVIDER != "verbs":
-        # (over verbs, rdma_cm has one port space for both families: an
-        # IPv6-only listener cannot share the IPv4 one's port there)
+        # (over verbs, rdma_cm refuses the IPv6-only listener on the IPv4
+        # one's port with EADDRNOTAVAIL, where the kernel has both: a README
+        # difference)
         _mapped_connect(sockmod, transport)
     with sockmod.socket(sockmod.AF_INET6, sockmod.SOCK_STREAM) as mapped:
         mapped.bind(("::ffff:127.0.0.1", 0))
