@@ -64,11 +64,13 @@ import socket as _std
 import sys
 import threading
 import types
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from rsock import _lowlevel as _ll
+from rsock import _readiness
 from rsock import _socket as _rs
 from rsock._readiness import POLLIN, POLLOUT
 
@@ -328,6 +330,7 @@ def unpatch() -> None:
             else:
                 setattr(cls, name, before)
         _installed.clear()
+        _trio_end_all()
 
 
 def is_patched() -> bool:
@@ -383,12 +386,19 @@ _TRIO_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
 _TRIO_WAKEUP: dict[str, dict[str, tuple[str, ...]]] = {
     "trio._core._wakeup_socketpair": {"WakeupSocketpair": ("wakeup_on_signals", "close")},
 }
+# trio's waits on an rsock connection's fileno(): its notify fd instead
+_TRIO_IO: dict[str, dict[str, tuple[str, ...]]] = {
+    "trio._core._io_epoll": {
+        "EpollIOManager": ("_update_registrations", "process_events", "notify_closing", "close"),
+    },
+}
 # every module whose classes patch() changes: now, or when it is imported
 _HOOKED: dict[str, dict[str, tuple[str, ...]]] = {
     **_LOOP_METHODS,
     **_SSL_METHODS,
     **_TRIO_METHODS,
     **_TRIO_WAKEUP,
+    **_TRIO_IO,
 }
 # ... only when imported while patched: trio takes the class's methods then
 _AT_IMPORT_ONLY = frozenset(_TRIO_METHODS)
@@ -466,7 +476,7 @@ def _patch_loops(module: types.ModuleType) -> None:
             original = getattr(cls, name, None)
             if original is None:
                 continue
-            wrapper = _WRAPPERS[name](original)
+            wrapper = (_WRAPPERS.get(f"{cls_name}.{name}") or _WRAPPERS[name])(original)
             _installed[(cls, name)] = (cls.__dict__.get(name, _MISSING), wrapper)
             setattr(cls, name, wrapper)
 
@@ -1192,6 +1202,8 @@ def _wrap_trio_socket_init(original: Any) -> Callable[..., Any]:
             self._sock = sock
             sock.setblocking(False)
             self._did_shutdown_SHUT_WR = False
+            if type(sock) is _rs.socket:
+                _trio_mark(sock)
             return
         original(self, sock)
 
@@ -1227,10 +1239,277 @@ def _wrap_trio_wakeup_close(original: Any) -> Callable[..., Any]:
     return close
 
 
+# ----------------------------------------------------------------- trio's waits
+#
+# trio waits for a socket with its own epoll (EpollIOManager: EPOLLONESHOT,
+# one epoll_ctl per wait) on fileno(), which the engine's watcher thread
+# keeps exact: one thread wake-up more per event (trio's round trips ran at
+# 0.75-0.8x TCP's).  Instead, the fileno() of an rsock connection is routed
+# to its notify and liveness fds, registered once in trio's epoll
+# (level-triggered); the engine keeps the notify fd readable while the
+# connection is ready for what trio's tasks wait for, and the events of those
+# two fds wake the tasks (a _TrioHub, consulted first by process_events).
+# trio's own bookkeeping (``_registered``: a reader and a writer per fd,
+# BusyResourceError, notify_closing, statistics) stays as it is, keyed by the
+# fileno().  The route ends at notify_closing (trio's close), when the socket
+# is found closed, when the run's manager closes, and at unpatch; fileno() is
+# exact again then.
+
+
+class _TrioHub(_readiness._Hub):
+    """The notify and liveness fds of the routed connections of one trio
+    run, registered in its epoll.  A socket closed without trio's
+    notify_closing closed its fds: their numbers, maybe reused by trio by
+    now, are the hub's no more."""
+
+    __slots__ = ()
+
+    def run(self, fd: int) -> bool:
+        entry = self._cbs.get(fd)
+        if entry is not None and not entry[2].is_open():  # type: ignore[attr-defined]
+            del self._cbs[fd]
+            return False
+        return super().run(fd)
+
+
+class _TrioLoop:
+    """The loop ``rsock._readiness.Watch`` is given under trio: its hub, and
+    a callback's exception as a bug (trio has no exception handler: it
+    surfaces as trio's TrioInternalError, not hidden)."""
+
+    __slots__ = ("_rsock_hub", "io", "reschedule")
+
+    def __init__(self, io: Any) -> None:
+        from trio import lowlevel
+
+        self.io = io
+        self.reschedule = lowlevel.reschedule
+        self._rsock_hub = _TrioHub(self, io._epoll)
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        raise context["exception"]
+
+
+class _TrioRoute:
+    """One rsock connection's fileno() in one trio run's IO manager."""
+
+    __slots__ = ("loop", "fd", "sock", "watch")
+
+    def __init__(self, loop: _TrioLoop, fd: int, sock: _rs.socket) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.sock = sock
+        self.watch = sock.watch()
+        self.watch.start()  # OSError: not a connection (yet)
+        sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed
+
+    def update(self, waiters: Any) -> bool:
+        """The engine's interest as trio's waiters of the fd want; whether
+        anyone waits."""
+        interest = (POLLIN if waiters.read_task is not None else 0) | (
+            POLLOUT if waiters.write_task is not None else 0
+        )
+        if interest:
+            self.watch.arm(self.loop, self.ready, interest)
+            return True
+        self.watch.quiet(POLLIN)
+        return False
+
+    def ready(self) -> None:
+        """The notify or liveness fd fired: wake the waiters whose event the
+        connection has (an error or hang-up wakes both, as trio does)."""
+        io = self.loop.io
+        waiters = io._registered.get(self.fd)
+        if waiters is None:
+            self.watch.quiet()
+            return
+        rev = _ll.poll(self.watch.handle) if self.watch.is_open() else _READABLE | _WRITABLE
+        reschedule = self.loop.reschedule
+        if rev & _WRITABLE and waiters.write_task is not None:
+            reschedule(waiters.write_task)
+            waiters.write_task = None
+        if rev & _READABLE and waiters.read_task is not None:
+            reschedule(waiters.read_task)
+            waiters.read_task = None
+        io._update_registrations(self.fd)
+
+    def end(self, closing: bool = False) -> None:
+        """``closing``: trio's notify_closing (a close follows): fileno() is
+        made exact again at its next call, not now."""
+        self.watch.disarm(self.loop, POLLIN)
+        if self.watch.is_open():
+            self.sock._loop_watches_fd(False, now=not closing)  # fileno() exact again
+
+
+class _TrioNative:
+    """An rsock fileno() trio waits on itself: a listener's (exact without
+    the watcher thread), or a connection's on the TCP fallback."""
+
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: _rs.socket) -> None:
+        self.sock = sock
+
+
+# id(trio's IO manager) -> its loop for the Watch (made at its first route)
+_trio_loops: dict[int, _TrioLoop] = {}
+# (id(IO manager), fileno()) -> that fd's route, or _TrioNative
+_trio_routes: dict[tuple[int, int], _TrioRoute | _TrioNative] = {}
+
+
+def _trio_route(io: Any, fd: int) -> _TrioRoute | None:
+    """The route of ``fd`` in ``io``, made now if it is an rsock connection's
+    fileno() (None: trio's own way)."""
+    key = (id(io), fd)
+    route = _trio_routes.get(key)
+    sock = _rs.live(fd)
+    if route is not None:
+        if route.sock is sock:
+            if isinstance(route, _TrioNative):
+                return None
+            if route.watch.is_open():
+                return route
+        del _trio_routes[key]  # its socket closed (the number may be another's now)
+        if isinstance(route, _TrioRoute):
+            route.end()
+    if sock is None:
+        return None
+    if sock._is_listener() or sock._tcp is not None:
+        _trio_unmark(sock)
+        _trio_routes[key] = _TrioNative(sock)
+        return None
+    loop = _trio_loops.get(id(io))
+    if loop is None or loop.io is not io:
+        loop = _trio_loops[id(io)] = _TrioLoop(io)
+    try:
+        route = _TrioRoute(loop, fd, sock)
+    except OSError:
+        _trio_unmark(sock)
+        return None  # not connected yet: trio's own way this time
+    _trio_unmark(sock)  # (the route holds its own)
+    waiters = io._registered.get(fd)
+    if waiters is not None and waiters.current_flags:
+        # trio's own registration of the fd (an earlier wait) goes
+        try:
+            io._epoll.unregister(fd)
+        except OSError:
+            pass
+        waiters.current_flags = 0
+    _trio_routes[key] = route
+    _note("trio:fileno_watch")
+    return route
+
+
+# the rsock sockets trio took (its _SocketType.__init__) and has not waited
+# on yet: their fileno() is not kept exact meanwhile (as while routed), so a
+# connection trio routes at its first wait never turns the watcher thread on
+# and off (five system calls and its wake-ups, per connection)
+_trio_marked: weakref.WeakSet[_rs.socket] = weakref.WeakSet()
+
+
+def _trio_mark(sock: _rs.socket) -> None:
+    if _trio_loops_hooked() and sock not in _trio_marked:
+        _trio_marked.add(sock)
+        sock._loop_watches_fd(True)
+
+
+def _trio_unmark(sock: _rs.socket | None = None) -> None:
+    """``sock``'s fileno() exact again, unless something else routes it
+    (None: every marked socket's)."""
+    for s in list(_trio_marked) if sock is None else [sock]:
+        if s in _trio_marked:
+            _trio_marked.discard(s)
+            s._loop_watches_fd(False)
+
+
+def _trio_loops_hooked() -> bool:
+    """Are trio's waits routed (its IO manager hooked)?"""
+    return any(cls.__name__ == "EpollIOManager" for cls, _ in _installed)
+
+
+def _trio_end(io: Any, fd: int | None = None) -> None:
+    """Ends ``io``'s route of ``fd`` (None: all of its routes)."""
+    for key in [k for k in _trio_routes if k[0] == id(io) and fd in (None, k[1])]:
+        route = _trio_routes.pop(key)
+        if isinstance(route, _TrioRoute):
+            route.end(closing=fd is not None)
+    if fd is None:
+        _trio_loops.pop(id(io), None)
+        _trio_unmark()
+
+
+def _trio_end_all() -> None:
+    """unpatch: every route ends, and a task that waits on one waits in
+    trio's own way from now on (its methods are trio's again)."""
+    for key, route in list(_trio_routes.items()):
+        del _trio_routes[key]
+        if isinstance(route, _TrioRoute):
+            route.end()
+            io = route.loop.io
+            waiters = io._registered.get(route.fd)
+            if waiters is not None:
+                waiters.current_flags = 0
+                io._update_registrations(route.fd)
+    _trio_loops.clear()
+    _trio_unmark()
+
+
+def _wrap_trio_update_registrations(original: Any) -> Callable[..., Any]:
+    @_wraps(original)
+    def _update_registrations(self: Any, fd: int) -> None:
+        route = _trio_route(self, fd)
+        if route is None:
+            original(self, fd)
+        elif not route.update(self._registered[fd]):
+            del self._registered[fd]
+
+    return _update_registrations
+
+
+def _wrap_trio_process_events(original: Any) -> Callable[..., Any]:
+    @_wraps(original)
+    def process_events(self: Any, events: Any) -> None:
+        loop = _trio_loops.get(id(self))
+        if loop is not None and loop.io is self:
+            run = loop._rsock_hub.run
+            events = [ev for ev in events if not run(ev[0])]
+        original(self, events)
+
+    return process_events
+
+
+def _wrap_trio_notify_closing(original: Any) -> Callable[..., Any]:
+    @_wraps(original)
+    def notify_closing(self: Any, fd: Any) -> None:
+        if isinstance(fd, _rs.socket) and not fd._fileno_made():
+            return  # no fileno(): nobody waits on it (else made just for this)
+        n = _fd_of(fd)
+        if (id(self), n) in _trio_routes:
+            _trio_end(self, n)
+            fd = n  # (trio would ask the socket's fileno(): exact again then)
+        original(self, fd)
+
+    return notify_closing
+
+
+def _wrap_trio_io_close(original: Any) -> Callable[..., Any]:
+    @_wraps(original)
+    def close(self: Any) -> None:
+        _trio_end(self)
+        original(self)
+
+    return close
+
+
+# keyed by method name, or "Class.name" where two hooked classes share a name
 _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "__init__": _wrap_trio_socket_init,
     "wakeup_on_signals": _wrap_trio_wakeup_on_signals,
-    "close": _wrap_trio_wakeup_close,
+    "WakeupSocketpair.close": _wrap_trio_wakeup_close,
+    "EpollIOManager.close": _wrap_trio_io_close,
+    "_update_registrations": _wrap_trio_update_registrations,
+    "process_events": _wrap_trio_process_events,
+    "notify_closing": _wrap_trio_notify_closing,
     "create_connection": _wrap_create_connection,
     "create_server": _wrap_create_server,
     "connect_accepted_socket": _wrap_connect_accepted_socket,

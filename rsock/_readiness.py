@@ -45,13 +45,17 @@ class _Hub:
 
     __slots__ = ("_loop", "_ep", "_cbs", "_pid")
 
-    def __init__(self, loop: Any) -> None:
+    def __init__(self, loop: Any, ep: select.epoll | None = None) -> None:
+        """``ep``: an epoll instance the loop itself waits on (trio's), whose
+        events for the hub's fds the loop hands to ``run`` instead of a
+        reader on an epoll fd of the hub's own."""
         self._loop = loop
-        self._ep = select.epoll()
+        self._ep = select.epoll() if ep is None else ep
         # fd -> (callback, its arguments, the watch that added it)
         self._cbs: dict[int, tuple[Callable[..., None], tuple[Any, ...], object]] = {}
         self._pid = _pid
-        loop.add_reader(self._ep.fileno(), self._dispatch)
+        if ep is None:
+            loop.add_reader(self._ep.fileno(), self._dispatch)
 
     def add(self, fd: int, owner: object, cb: Callable[..., None], *args: Any) -> None:
         try:
@@ -74,19 +78,23 @@ class _Hub:
             pass
 
     def _dispatch(self) -> None:
-        cbs = self._cbs
         for fd, _ev in self._ep.poll(0, 256):
-            entry = cbs.get(fd)
-            if entry is None:
-                continue
-            try:
-                entry[0](*entry[1])
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self._loop.call_exception_handler(
-                    {"message": f"Exception in callback {entry[0]!r}", "exception": exc}
-                )
+            self.run(fd)
+
+    def run(self, fd: int) -> bool:
+        """Runs ``fd``'s callback if it is one of the hub's: whether it was."""
+        entry = self._cbs.get(fd)
+        if entry is None:
+            return False
+        try:
+            entry[0](*entry[1])
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self._loop.call_exception_handler(
+                {"message": f"Exception in callback {entry[0]!r}", "exception": exc}
+            )
+        return True
 
 
 _pid = os.getpid()  # this process's (a hub of another is not ours)
@@ -251,6 +259,18 @@ class Watch:
             self._reading = False
         if not self._polled:
             self._watch_live(loop, on_ready)
+
+    def quiet(self, keep: int = 0) -> None:
+        """The interest down to ``keep`` (of what it was), the loop's readers
+        kept: for a caller that waits again soon (trio waits once per call,
+        and a reader usually comes back before the next data, so POLLIN is
+        worth keeping); the notify fd reads idle meanwhile unless the socket
+        is ready for what is kept."""
+        interest = self._interest & keep if self._interest > 0 else 0
+        if interest != self._interest:
+            self._interest = interest
+            _ll.set_interest(self.handle, interest)
+        self._want = interest > 0
 
     def _watch_live(self, loop: Any, on_ready: Callable[[], None]) -> None:
         """The loop watches the liveness fd (if not yet, and not gone)."""

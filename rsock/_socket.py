@@ -461,6 +461,13 @@ _KOPT_FLAGS = frozenset(
 )
 
 
+# (family, level, option, int value) -> what a kernel socket read back after
+# taking that value (None: write-only): an option every connection sets
+# (trio's TCP_NOTSENT_LOWAT) costs a kernel socket once, not per connection.
+# A value the kernel refused is not kept: it raises again, as the kernel would.
+_kopt_memo: dict[tuple[int, int, int, int], bytes | None] = {}
+
+
 def _kopt_set(
     family: int,
     kopts: dict[tuple[int, int], bytes],
@@ -474,15 +481,23 @@ def _kopt_set(
         if -(1 << 31) <= value < (1 << 31):  # else the stdlib's OverflowError, below
             kopts[(level, name)] = (1 if value else 0).to_bytes(4, sys.byteorder)
             return
+    memo = (family, level, name, value) if optlen is None and type(value) is int else None
+    if memo is not None and memo in _kopt_memo:
+        raw = _kopt_memo[memo]
+        if raw is not None:
+            kopts[(level, name)] = raw
+        return
     with _std.socket(family, _std.SOCK_STREAM) as k:
         if optlen is None:
             k.setsockopt(level, name, value)
         else:
             k.setsockopt(level, name, value, optlen)
         try:
-            kopts[(level, name)] = k.getsockopt(level, name, _KOPT_BUFLEN)
+            raw = kopts[(level, name)] = k.getsockopt(level, name, _KOPT_BUFLEN)
         except OSError:
-            pass  # write-only: nothing to read back
+            raw = None  # write-only: nothing to read back
+    if memo is not None and len(_kopt_memo) < 256:
+        _kopt_memo[memo] = raw
 
 
 def _kopt_get(
@@ -769,20 +784,27 @@ class socket:
                 return  # (closed underneath: the socket's calls say so)
             core.fd_block = block
 
+    def _fileno_made(self) -> bool:
+        """Has fileno() been asked for (or is the socket on the TCP path)?
+        Nobody can poll one that has not."""
+        return self._h is None or self._core.fd >= 0
+
     def _is_listener(self) -> bool:
         """Listening (on the rsock path)?"""
         return self._h is not None and self._core.listening
 
-    def _loop_watches_fd(self, on: bool) -> None:
+    def _loop_watches_fd(self, on: bool, now: bool = True) -> None:
         """An event loop watches this connection for its fileno()'s readers
         and writers (rsock.patch's add_reader), through the notify fd: the
         fd need not be kept exact meanwhile (no watcher-thread wake-ups,
-        whatever fileno() calls come), and is again once none is left."""
+        whatever fileno() calls come), and is again once none is left
+        (``now`` False: from the next fileno() call on, for a socket about
+        to be closed)."""
         core = self._core
         core.loop_fd += 1 if on else -1
         if on:
             self._unwatch(_ll.WATCH_FD)
-        elif not core.loop_fd:
+        elif not core.loop_fd and now:
             self._watch(_ll.WATCH_FD)
 
     def _watch(self, mask: int) -> None:
