@@ -493,6 +493,11 @@ def close(h: Handle) -> int:
     return int(lib.rsk_close(h.ptr))
 
 
+def abort(h: Handle) -> int:
+    """Reset the connection before ``close`` (SO_LINGER {1, 0})."""
+    return int(lib.rsk_abort(h.ptr))
+
+
 def set_interest(h: Handle, events: int) -> int:
     """What makes the watched fd readable: POLLIN and/or POLLOUT."""
     return int(lib.rsk_set_interest(h.ptr, events))

@@ -1291,17 +1291,23 @@ class _TrioLoop:
 
 
 class _TrioRoute:
-    """One rsock connection's fileno() in one trio run's IO manager."""
+    """One rsock connection's fileno() in one trio run's IO manager.  It
+    holds the socket weakly (trio's waits hold nothing between them, and a
+    socket dropped without a close is closed by the GC, as the stdlib's);
+    the socket's last close ends it first (its fds leave trio's epoll before
+    the engine closes them: the peer holds the same eventfd, so the epoll
+    would keep reporting it)."""
 
     __slots__ = ("loop", "fd", "sock", "watch")
 
     def __init__(self, loop: _TrioLoop, fd: int, sock: _rs.socket) -> None:
         self.loop = loop
         self.fd = fd
-        self.sock = sock
-        self.watch = sock.watch()
+        self.sock = weakref.ref(sock)
+        self.watch = sock.watch(weak=True)
         self.watch.start()  # OSError: not a connection (yet)
         sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed
+        sock._core.closers.append(self.end)
 
     def update(self, waiters: Any) -> bool:
         """The engine's interest as trio's waiters of the fd want; whether
@@ -1320,10 +1326,15 @@ class _TrioRoute:
         connection has (an error or hang-up wakes both, as trio does)."""
         io = self.loop.io
         waiters = io._registered.get(self.fd)
+        is_open = self.watch.is_open()
         if waiters is None:
             self.watch.quiet()
+            if not is_open or _ll.poll(self.watch.handle) & (_ll.POLLERR | _ll.POLLHUP):
+                # ended: the notify fd stays readable whatever the interest,
+                # so it leaves the epoll until someone waits again
+                self.watch.arm(self.loop, self.ready, 0)
             return
-        rev = _ll.poll(self.watch.handle) if self.watch.is_open() else _READABLE | _WRITABLE
+        rev = _ll.poll(self.watch.handle) if is_open else _READABLE | _WRITABLE
         reschedule = self.loop.reschedule
         if rev & _WRITABLE and waiters.write_task is not None:
             reschedule(waiters.write_task)
@@ -1334,11 +1345,19 @@ class _TrioRoute:
         io._update_registrations(self.fd)
 
     def end(self, closing: bool = False) -> None:
-        """``closing``: trio's notify_closing (a close follows): fileno() is
-        made exact again at its next call, not now."""
+        """The fds leave trio's epoll; fileno() is exact again (``closing``:
+        trio's notify_closing, a close follows: at its next call, not now).
+        Also run by the socket's last close (then from any thread)."""
         self.watch.disarm(self.loop, POLLIN)
+        sock = self.sock()
+        if sock is None:
+            return
+        try:
+            sock._core.closers.remove(self.end)
+        except ValueError:
+            return  # ended before
         if self.watch.is_open():
-            self.sock._loop_watches_fd(False, now=not closing)  # fileno() exact again
+            sock._loop_watches_fd(False, now=not closing)
 
 
 class _TrioNative:
@@ -1348,13 +1367,15 @@ class _TrioNative:
     __slots__ = ("sock",)
 
     def __init__(self, sock: _rs.socket) -> None:
-        self.sock = sock
+        self.sock = weakref.ref(sock)
 
 
 # id(trio's IO manager) -> its loop for the Watch (made at its first route)
 _trio_loops: dict[int, _TrioLoop] = {}
 # (id(IO manager), fileno()) -> that fd's route, or _TrioNative
 _trio_routes: dict[tuple[int, int], _TrioRoute | _TrioNative] = {}
+# guards _trio_marked, and a pass over _trio_routes (trio.run in several threads)
+_trio_lock = threading.Lock()
 
 
 def _trio_route(io: Any, fd: int) -> _TrioRoute | None:
@@ -1364,12 +1385,12 @@ def _trio_route(io: Any, fd: int) -> _TrioRoute | None:
     route = _trio_routes.get(key)
     sock = _rs.live(fd)
     if route is not None:
-        if route.sock is sock:
+        if route.sock() is sock:
             if isinstance(route, _TrioNative):
                 return None
             if route.watch.is_open():
                 return route
-        del _trio_routes[key]  # its socket closed (the number may be another's now)
+        _trio_routes.pop(key, None)  # its socket closed (the number may be another's now)
         if isinstance(route, _TrioRoute):
             route.end()
     if sock is None:
@@ -1408,29 +1429,34 @@ _trio_marked: weakref.WeakSet[_rs.socket] = weakref.WeakSet()
 
 
 def _trio_mark(sock: _rs.socket) -> None:
-    if _trio_loops_hooked() and sock not in _trio_marked:
-        _trio_marked.add(sock)
-        sock._loop_watches_fd(True)
+    with _trio_lock:
+        if _active and sock not in _trio_marked:
+            _trio_marked.add(sock)
+            sock._loop_watches_fd(True)
 
 
 def _trio_unmark(sock: _rs.socket | None = None) -> None:
     """``sock``'s fileno() exact again, unless something else routes it
     (None: every marked socket's)."""
-    for s in list(_trio_marked) if sock is None else [sock]:
-        if s in _trio_marked:
-            _trio_marked.discard(s)
-            s._loop_watches_fd(False)
-
-
-def _trio_loops_hooked() -> bool:
-    """Are trio's waits routed (its IO manager hooked)?"""
-    return any(cls.__name__ == "EpollIOManager" for cls, _ in _installed)
+    with _trio_lock:
+        if sock is None:
+            socks = list(_trio_marked)
+            _trio_marked.clear()
+        elif sock in _trio_marked:
+            _trio_marked.discard(sock)
+            socks = [sock]
+        else:
+            return
+    for s in socks:
+        s._loop_watches_fd(False)
 
 
 def _trio_end(io: Any, fd: int | None = None) -> None:
     """Ends ``io``'s route of ``fd`` (None: all of its routes)."""
-    for key in [k for k in _trio_routes if k[0] == id(io) and fd in (None, k[1])]:
-        route = _trio_routes.pop(key)
+    with _trio_lock:
+        keys = [k for k in list(_trio_routes) if k[0] == id(io) and fd in (None, k[1])]
+        routes = [_trio_routes.pop(k, None) for k in keys]
+    for route in routes:
         if isinstance(route, _TrioRoute):
             route.end(closing=fd is not None)
     if fd is None:
@@ -1441,8 +1467,10 @@ def _trio_end(io: Any, fd: int | None = None) -> None:
 def _trio_end_all() -> None:
     """unpatch: every route ends, and a task that waits on one waits in
     trio's own way from now on (its methods are trio's again)."""
-    for key, route in list(_trio_routes.items()):
-        del _trio_routes[key]
+    with _trio_lock:
+        routes = list(_trio_routes.values())
+        _trio_routes.clear()
+    for route in routes:
         if isinstance(route, _TrioRoute):
             route.end()
             io = route.loop.io
@@ -1469,10 +1497,11 @@ def _wrap_trio_update_registrations(original: Any) -> Callable[..., Any]:
 def _wrap_trio_process_events(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     def process_events(self: Any, events: Any) -> None:
-        loop = _trio_loops.get(id(self))
-        if loop is not None and loop.io is self:
-            run = loop._rsock_hub.run
-            events = [ev for ev in events if not run(ev[0])]
+        if events:
+            loop = _trio_loops.get(id(self))
+            if loop is not None and loop.io is self:
+                run = loop._rsock_hub.run
+                events = [ev for ev in events if not run(ev[0])]
         original(self, events)
 
     return process_events

@@ -94,6 +94,7 @@ _SOL_SOCKET = int(_std.SOL_SOCKET)
 _SO_RCVBUF = int(_std.SO_RCVBUF)
 _SO_SNDBUF = int(_std.SO_SNDBUF)
 _SO_ERROR = int(_std.SO_ERROR)
+_SO_LINGER = int(_std.SO_LINGER)
 _SO_ACCEPTCONN = int(_std.SO_ACCEPTCONN)
 
 # sendmsg: up to this many bytes in several buffers go out as one message
@@ -546,11 +547,16 @@ class _Core:
         "fd_block",
         "inheritable",
         "joined",
+        "closers",
     )
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
         self.h = h
         self.refs = 1
+        # run at the last close, before the engine closes the connection's
+        # fds (an event loop's registrations of its notify fds go first: the
+        # peer holds the same eventfd, so an epoll would keep reporting it)
+        self.closers: list[Callable[[], None]] = []
         self.lock = threading.Lock()
         # the kernel socket that reserves a bound or listening address (or
         # carries the TCP path); made when first needed, never for an rsock
@@ -595,14 +601,30 @@ class _Core:
         with self.lock:
             self.refs += 1
 
+    def linger0(self) -> bool:
+        """SO_LINGER set to {on, 0 s} (close() resets the connection)?"""
+        raw = self.kopts.get((_SOL_SOCKET, _SO_LINGER))
+        if raw is None and self.tcp is not None and self.connected:
+            try:  # (set on the kernel socket that reserves the address)
+                raw = self.tcp.getsockopt(_SOL_SOCKET, _SO_LINGER, 8)
+            except OSError:
+                return False
+        return raw is not None and len(raw) >= 8 and raw[:4] != bytes(4) and raw[4:8] == bytes(4)
+
     def release(self) -> None:
         with self.lock:
             self.refs -= 1
             if self.refs > 0:
                 return
+            reset = self.connected and self.linger0()
             tcp, self.tcp = self.tcp, None
             self.connected = False
             rv, self.rv = self.rv, {}
+            closers, self.closers = self.closers, []
+        for closer in closers:
+            closer()
+        if reset:
+            _ll.abort(self.h)  # SO_LINGER {1, 0}: a reset, as TCP's close sends
         _ll.close(self.h)
         for fd in rv.values():
             os.close(fd)
@@ -825,16 +847,40 @@ class socket:
             core.watch &= ~mask
             _ll.set_watch(h, core.watch)
 
-    def watch(self) -> Watch:
+    def watch(self, weak: bool = False) -> Watch:
         """For an event loop: the connection's notify and liveness fds,
         kept exact by the engine without a thread (``rsock._readiness``;
-        what ``rsock.asyncio`` and ``rsock.patch()`` watch)."""
+        what ``rsock.asyncio`` and ``rsock.patch()`` watch).  ``weak``: the
+        watch does not keep this socket object alive (one kept by a table
+        of the patch's, not by what waits on it)."""
         h = self._h
+        if not weak:
 
-        def is_open() -> bool:
-            return h is not None and self._h is h
+            def is_open() -> bool:
+                return h is not None and self._h is h
 
-        return Watch(h, is_open, self._raise, self._watch, self._unwatch)
+            return Watch(h, is_open, self._raise, self._watch, self._unwatch)
+        ref = weakref.ref(self)
+
+        def weak_is_open() -> bool:
+            s = ref()
+            return s is not None and h is not None and s._h is h
+
+        def error(rc: int) -> OSError:
+            s = ref()
+            return s._raise(rc) if s is not None else _ll.oserror(rc)
+
+        def watch_on(mask: int) -> None:
+            s = ref()
+            if s is not None:
+                s._watch(mask)
+
+        def watch_off(mask: int) -> None:
+            s = ref()
+            if s is not None:
+                s._unwatch(mask)
+
+        return Watch(h, weak_is_open, error, watch_on, watch_off)
 
     @routed
     def get_inheritable(self) -> bool:

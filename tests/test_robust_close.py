@@ -190,3 +190,46 @@ def test_reset_is_reported_once(sockmod: ModuleType, transport: str) -> None:
         assert client.recv(10) == b""
         with pytest.raises(BrokenPipeError):
             client.send(b"x")
+
+
+def test_close_with_linger_zero_resets(sockmod: ModuleType, transport: str) -> None:
+    """SO_LINGER (on, 0 s): close() is abortive, as Twisted's abortConnection
+    does it: the peer reads what had arrived, then ConnectionResetError, then
+    EOF; its sends fail.  (rsock closed such a socket with a FIN: the peer saw
+    a clean end.  Found by running Twisted, session 23.)"""
+    client, server = connected_pair(sockmod)
+    with client, server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        server.sendall(b"last words")
+        time.sleep(0.05)
+        server.close()
+        client.settimeout(5)
+        assert client.recv(100) == b"last words"
+        with pytest.raises(ConnectionResetError):
+            client.recv(100)
+        assert client.recv(100) == b""
+        with pytest.raises(BrokenPipeError):
+            client.send(b"x")
+
+
+def test_reset_after_fin_keeps_eof(sockmod: ModuleType, transport: str) -> None:
+    """The peer shuts down its sending side, then closes with our data unread
+    (FIN, then RST; Twisted's loseConnection does this): recv keeps reporting
+    EOF, as Linux TCP reads once the FIN is in, and sends fail with
+    BrokenPipeError.  (rsock raised ConnectionResetError from recv when the
+    reset had arrived before the read.  Found by running Twisted, session 23.)"""
+    client, server = connected_pair(sockmod)
+    with client, server:
+        server.shutdown(socket.SHUT_WR)
+        client.settimeout(5)
+        assert client.recv(10) == b""
+        client.sendall(b"never read")
+        time.sleep(0.05)
+        server.close()  # unread data: a reset after the FIN
+        deadline = time.monotonic() + 5
+        with pytest.raises(BrokenPipeError):
+            while time.monotonic() < deadline:  # (until the reset is in)
+                client.send(b"x")
+                time.sleep(0.01)
+        assert client.recv(10) == b""
+        assert client.recv(10) == b""

@@ -524,6 +524,141 @@ def test_trio_waits(kind: str, tmp_path: Path) -> None:
     ], out
 
 
+_TRIO_ENDS = """
+import functools, gc, resource, sys, threading, trio
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+async def idle(label):  # no CPU spent while nothing happens
+    t0 = cpu()
+    await trio.sleep(0.5)
+    print(label, "spins" if cpu() - t0 > 0.25 else "idle")
+
+async def main():
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+
+    async def pair():
+        c = await trio.open_tcp_stream("127.0.0.1", port)
+        s = await listener.accept()
+        async with trio.open_nursery() as nursery:  # each side waits once
+            nursery.start_soon(s.send_all, b"1")
+            await c.receive_some(10)
+            nursery.start_soon(c.send_all, b"2")
+            await s.receive_some(10)
+        return c, s
+
+    # the peer of an idle connection closes; nobody reads until later
+    c, s = await pair()
+    await s.aclose()
+    await idle("peer closed, nobody reads:")
+    print("then reads:", await c.receive_some(10))
+    await c.aclose()
+    # a connection dropped without a close: the GC closes it
+    c, s = await pair()
+    del c
+    gc.collect()
+    with trio.fail_after(5):
+        print("dropped peer reads:", await s.receive_some(10))
+    await s.aclose()
+    # closed underneath trio (no notify_closing); the peer still sends
+    c, s = await pair()
+    c.socket._sock.close()
+    try:
+        await s.send_all(b"after")
+    except trio.BrokenResourceError:
+        pass
+    await idle("closed underneath, peer sends:")
+    await s.aclose()
+    await listener.aclose()
+
+trio.run(main)
+
+# trio.run in threads: one closes its connections while another makes new ones
+sys.setswitchinterval(1e-6)
+ready, done, errors, port = threading.Event(), threading.Event(), [], []
+
+async def server():
+    async def echo(stream):
+        async with stream:
+            async for data in stream:
+                await stream.send_all(data)
+    async with trio.open_nursery() as nursery:
+        ls = await nursery.start(functools.partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
+        port.append(ls[0].socket.getsockname()[1])
+        ready.set()
+        await trio.to_thread.run_sync(done.wait)
+        nursery.cancel_scope.cancel()
+
+async def holder():
+    streams = [await trio.open_tcp_stream("127.0.0.1", port[0]) for _ in range(300)]
+    for stream in streams:
+        await stream.send_all(b"a")
+        await stream.receive_some(1)
+    for stream in streams:
+        await stream.aclose()
+
+async def churner():
+    while not done.is_set():
+        async with await trio.open_tcp_stream("127.0.0.1", port[0]) as stream:
+            await stream.send_all(b"x")
+            await stream.receive_some(1)
+
+def thread(fn):
+    try:
+        trio.run(fn)
+    except BaseException as e:
+        errors.append(repr(e))
+    finally:
+        if fn is holder:
+            done.set()
+
+threads = [threading.Thread(target=thread, args=(server,))]
+threads[0].start()
+ready.wait(10)
+threads += [threading.Thread(target=thread, args=(f,)) for f in (holder, churner)]
+for t in threads[1:]:
+    t.start()
+for t in threads:
+    t.join(30)
+print("threads:", errors, [t.is_alive() for t in threads])
+"""
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_trio_routes_end(kind: str, tmp_path: Path) -> None:
+    """A routed connection's end, as trio programs meet it (found by running
+    them, session 23): the peer of an idle connection closes (the notify fd
+    stayed readable: a 100% CPU spin until someone read; httpx's pool on
+    trio after hypercorn's keep-alive timeout), a stream dropped without a
+    close (the route kept the socket alive: the peer never saw EOF), a socket
+    closed underneath trio (its eventfd, which the peer holds too, stayed in
+    trio's epoll: a spin), and trio.run in threads, one closing connections
+    while another makes them (RuntimeError out of aclose and out of trio's
+    teardown).  TCP (plain Python) is the oracle."""
+    if kind == "rsock":
+        out = run_patched(_TRIO_ENDS, tmp_path, timeout=90)
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-c", _TRIO_ENDS],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = proc.stdout
+    assert out.splitlines() == [
+        "peer closed, nobody reads: idle",
+        "then reads: b''",
+        "dropped peer reads: b''",
+        "closed underneath, peer sends: idle",
+        "threads: [] [False, False, False]",
+    ], out
+
+
 def test_reference_kept_past_unpatch_builds_stdlib_sockets() -> None:
     rsock.patch()
     kept = socket.socket

@@ -278,6 +278,13 @@ const char *rsk_detail(rsk_sock *s);
 int rsk_stats(rsk_sock *s, struct rsk_stats *st);
 /* Bounded: tells the peer, releases rings and fds, wakes blocked callers. */
 int rsk_close(rsk_sock *s);
+/* An abortive close's first step, as close() of a TCP socket with
+ * SO_LINGER {1, 0} sends a reset: the connection is reset now (the peer
+ * reads what had arrived, then ECONNRESET), whatever it had not taken is
+ * dropped; rsk_close follows.  A copy of a forked connection that another
+ * process owns is left alone (its close is quiet).  0, -EBADF once closed,
+ * -ENOTCONN if not a connection. */
+int rsk_abort(rsk_sock *s);
 /* Releases the handle itself (after rsk_close; closes first if needed). */
 void rsk_free(rsk_sock *s);
 

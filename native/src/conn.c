@@ -565,9 +565,14 @@ static int recv_end(rsk_sock *s, int keep)
 {
 	if (s->kind != K_CONN)
 		return -ENOTCONN;
+	/* the peer's FIN came first: EOF, whatever happened after (Linux TCP
+	 * reads EOF once the FIN is in, before a pending error; its own
+	 * SHUT_RD only after one) */
+	if (s->p.flags & F_PEER_FIN)
+		return 0;
 	if (s->p.flags & F_DEAD)
 		return keep && s->p.so_error ? -s->p.so_error : eng_take_dead(s, 0);
-	if (s->p.flags & (F_PEER_FIN | F_RD_SHUT))
+	if (s->p.flags & F_RD_SHUT)
 		return 0;
 	if (s->p.flags & F_PEER_GONE)
 		return -ECONNRESET;

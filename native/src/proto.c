@@ -390,6 +390,10 @@ static void rk_on_recv(struct proto *p, const struct prov_wc *wc)
 		return;
 	if (op == OP_FIN)
 		p->flags |= F_PEER_FIN;
+	else if (op == OP_RESET && (p->flags & F_PEER_FIN))
+		/* after its FIN, as Linux TCP takes an RST in CLOSE_WAIT: reads
+		 * keep their EOF, sends fail with EPIPE */
+		proto_fail(p, EPIPE, 0, "the peer aborted the connection after its FIN");
 	else if (op == OP_RESET)
 		proto_fail(p, ECONNRESET, 0, "the peer aborted the connection");
 }

@@ -314,6 +314,25 @@ int rsk_close(rsk_sock *s)
 	return 0;
 }
 
+int rsk_abort(rsk_sock *s)
+{
+	int rc = 0;
+
+	eng_lock(s);
+	if (s->closed)
+		rc = -EBADF;
+	else if (s->kind != K_CONN)
+		rc = -ENOTCONN;
+	else if (!(s->p.flags & F_DEAD) && (!eng_forked(s) || eng_owned(s))) {
+		eng_progress(s);
+		proto_fail(&s->p, ECONNRESET, 1,
+			   "the connection was aborted (SO_LINGER 0)");
+		eng_wake(s);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
 void rsk_free(rsk_sock *s)
 {
 	if (!s)

@@ -360,6 +360,61 @@ static void t_eof_and_shutdown(void)
 	rsk_free(b);
 }
 
+/* A reset after the peer's FIN (its close with our data unread, after its
+ * shutdown): reads keep their EOF and sends fail with EPIPE, as Linux TCP
+ * takes an RST in CLOSE_WAIT. */
+static void t_reset_after_fin(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	char buf[16];
+	int i, rc;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(b, "abc", 3, 0, -1), 3);
+	CHECK_EQ(rsk_shutdown(a, RSK_SHUT_WR), 0);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 3);
+	CHECK_EQ(rsk_send(b, "unread", 6, 0, -1), 6);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), 0); /* the FIN */
+	rsk_close(a); /* with "unread" unread: a reset */
+	for (i = 0; i < 200; i++) {
+		rc = (int)rsk_send(b, "x", 1, 0, 0);
+		if (rc < 0)
+			break;
+		usleep(5000);
+	}
+	CHECK_EQ(rc, -EPIPE);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
+	CHECK_EQ(rsk_send(b, "x", 1, 0, 0), -EPIPE);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* rsk_abort (close() with SO_LINGER {1, 0}): the peer reads what had
+ * arrived, then ECONNRESET with the detail; its sends fail after. */
+static void t_abort(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	char buf[16];
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(a, "last", 4, 0, -1), 4);
+	CHECK_EQ(rsk_abort(a), 0);
+	CHECK_EQ(rsk_abort(a), 0); /* (once is enough) */
+	rsk_close(a);
+	CHECK_EQ(rsk_abort(a), -EBADF);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), 4);
+	CHECK_EQ(memcmp(buf, "last", 4), 0);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), -ECONNRESET);
+	CHECK(strstr(rsk_detail(b), "aborted"));
+	CHECK_EQ(rsk_send(b, "x", 1, 0, 0), -EPIPE);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
+	rsk_free(a);
+	rsk_free(b);
+}
+
 /* A blocked receiver learns of close() from another thread. */
 static void *closer(void *p)
 {
@@ -1089,6 +1144,8 @@ int main(void)
 	RUN(t_listen_external_fd);
 	RUN(t_fileno_onto);
 	RUN(t_fileno_epoll_carried);
+	RUN(t_reset_after_fin);
+	RUN(t_abort);
 	RUN(t_listen_shared);
 	RUN(t_reuseport_join);
 	RUN(t_credit_exhaustion);
