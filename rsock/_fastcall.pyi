@@ -9,5 +9,11 @@ def bind(
     rsk_recv_addr: int,
     rsk_recv_zc_addr: int = ...,
     rsk_recv_done_addr: int = ...,
+    rsk_free_addr: int = ...,
     /,
 ) -> None: ...
+
+class Owner:
+    """Owns an rsk_sock: rsk_free() when released (not a GC type, no finalizer)."""
+
+    def __init__(self, sock_addr: int, /) -> None: ...

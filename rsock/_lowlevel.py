@@ -70,15 +70,21 @@ class Opts:
 
 
 class Handle:
-    """An owned ``rsk_sock *``; freed by the garbage collector (never while
-    a call can still use it: every caller holds a reference)."""
+    """An owned ``rsk_sock *``, freed when the Handle goes (never while a
+    call can still use it: every caller holds a reference).  The freeing is
+    ``_fastcall.Owner``'s, not ``ffi.gc()``'s: in a reference cycle the
+    garbage collector runs every finalizer first, in no set order, and an
+    ``ffi.gc()`` object has one; an unclosed socket's ``__del__`` then
+    closed a freed connection (a hang or a crash at exit, or at any
+    collection of such a cycle)."""
 
-    __slots__ = ("ptr", "out", "addr")
+    __slots__ = ("ptr", "out", "addr", "_owner")
 
     def __init__(self, ptr: Any) -> None:
-        self.ptr = ffi.gc(ptr, lib.rsk_free)
+        self.ptr = ptr
         # the same pointer as an int, for rsock._fastcall
         self.addr: int = int(ffi.cast("uintptr_t", ptr))
+        self._owner = _fastcall.Owner(self.addr)
         # out-pointer for rsk_recv_zc; C writes it only on success, after
         # any other thread's zero-copy receive has been released
         self.out = ffi.new("const void **")
@@ -446,7 +452,7 @@ def memmove(dst: Any, src: Any, n: int) -> None:
 # work on a small message.
 _fastcall.bind(
     *(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
-      for f in ("rsk_send", "rsk_recv", "rsk_recv_zc", "rsk_recv_done"))
+      for f in ("rsk_send", "rsk_recv", "rsk_recv_zc", "rsk_recv_done", "rsk_free"))
 )  # fmt: skip
 fast_send = _fastcall.send
 fast_sendall = _fastcall.sendall

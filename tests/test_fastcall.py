@@ -5,6 +5,7 @@ work through it (checked against what arrives)."""
 from __future__ import annotations
 
 import array
+import gc
 import hashlib
 
 import pytest
@@ -31,6 +32,10 @@ def test_bad_arguments() -> None:
         _fastcall.bind(0, 0)
     with pytest.raises(TypeError):
         _fastcall.bind(1, 2, 3)
+    with pytest.raises(TypeError):
+        _fastcall.Owner("0")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _fastcall.Owner(sock_addr=1)  # type: ignore[call-arg]
     for bad in (0, -1):
         with pytest.raises(ValueError, match="nbytes > 0"):
             _fastcall.recv_bytes(0, bad, 0)
@@ -137,3 +142,17 @@ def test_recv_into_nbytes(mod: str) -> None:
             assert n > 0
             got += buf[:n]
         assert got == bytes(range(256)) * 40
+
+
+def test_the_engine_handle_is_freed_outside_the_collectors_finalizers() -> None:
+    """An rsock connection's engine object is freed by ``_fastcall.Owner``,
+    which the garbage collector neither tracks nor finalizes: in a reference
+    cycle the collector runs every finalizer first, in no set order, and the
+    ffi.gc() object that freed it before had one (an unclosed socket's
+    __del__ then closed freed memory; the process test is
+    tests/test_robust_close.py::test_unclosed_sockets_in_a_reference_cycle)."""
+    h = _lowlevel.new()
+    assert not gc.is_tracked(h.ptr)
+    assert not gc.is_tracked(h._owner)
+    assert not hasattr(type(h._owner), "__del__")
+    assert _lowlevel.close(h) == 0

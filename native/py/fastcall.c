@@ -23,7 +23,10 @@ typedef ssize_t (*zc_fn)(void *s, size_t len, int flags, int timeout_ms,
 			 const void **ptr);
 typedef int (*done_fn)(void *s, size_t n);
 
+typedef void (*free_fn)(void *s);
+
 static io_fn fn_send, fn_recv;
+static free_fn fn_free; /* rsk_free, for Owner */
 static zc_fn fn_recv_zc;   /* (optional: recv_bytes needs both) */
 static done_fn fn_recv_done;
 
@@ -192,17 +195,17 @@ static PyObject *fc_sendall(PyObject *self, PyObject *const *args,
 	return fc_send_common(args, nargs, "sendall", 1);
 }
 
-/* bind(send_addr, recv_addr[, recv_zc_addr, recv_done_addr]): the
- * engine's entry points */
+/* bind(send_addr, recv_addr[, recv_zc_addr, recv_done_addr[, free_addr]]):
+ * the engine's entry points */
 static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 			 Py_ssize_t nargs)
 {
-	unsigned long long a[4] = { 0, 0, 0, 0 };
+	unsigned long long a[5] = { 0, 0, 0, 0, 0 };
 	Py_ssize_t i;
 
 	(void)self;
-	if (nargs != 2 && nargs != 4) {
-		PyErr_SetString(PyExc_TypeError, "bind expects 2 or 4 arguments");
+	if (nargs != 2 && nargs != 4 && nargs != 5) {
+		PyErr_SetString(PyExc_TypeError, "bind expects 2, 4 or 5 arguments");
 		return NULL;
 	}
 	for (i = 0; i < nargs; i++) {
@@ -216,12 +219,67 @@ static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 	}
 	fn_send = (io_fn)(uintptr_t)a[0];
 	fn_recv = (io_fn)(uintptr_t)a[1];
-	if (nargs == 4) {
+	if (nargs >= 4) {
 		fn_recv_zc = (zc_fn)(uintptr_t)a[2];
 		fn_recv_done = (done_fn)(uintptr_t)a[3];
 	}
+	if (nargs == 5)
+		fn_free = (free_fn)(uintptr_t)a[4];
 	Py_RETURN_NONE;
 }
+
+/*
+ * Owner(sock_addr): owns an rsk_sock and rsk_free()s it when the last
+ * reference goes.  Deliberately neither a GC type nor one with a finalizer
+ * (cffi's ffi.gc() objects have one): the garbage collector never finalizes
+ * or clears an Owner itself, so in a reference cycle every rsock.socket's
+ * __del__ (a finalizer, run first for the whole cycle) still finds its
+ * connection; the Owner goes only when what holds it is cleared, after.
+ * With ffi.gc(), a cycle's finalizers ran in list order, and the handle's
+ * often came first: the socket's __del__ then closed freed memory.
+ */
+typedef struct {
+	PyObject_HEAD
+	void *s;
+} OwnerObject;
+
+static void owner_dealloc(OwnerObject *o)
+{
+	if (o->s && fn_free)
+		fn_free(o->s);
+	Py_TYPE(o)->tp_free((PyObject *)o);
+}
+
+static PyObject *owner_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+	unsigned long long p;
+	OwnerObject *o;
+
+	if (kw && PyDict_GET_SIZE(kw)) {
+		PyErr_SetString(PyExc_TypeError, "Owner takes no keyword arguments");
+		return NULL;
+	}
+	if (!PyArg_ParseTuple(args, "K:Owner", &p))
+		return NULL;
+	if (!fn_free) {
+		PyErr_SetString(PyExc_RuntimeError, "rsock._fastcall not bound");
+		return NULL;
+	}
+	o = (OwnerObject *)type->tp_alloc(type, 0);
+	if (o)
+		o->s = (void *)(uintptr_t)p;
+	return (PyObject *)o;
+}
+
+static PyTypeObject OwnerType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "rsock._fastcall.Owner",
+	.tp_basicsize = sizeof(OwnerObject),
+	.tp_dealloc = (destructor)owner_dealloc,
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "Owner(sock_addr): rsk_free()s the rsk_sock when released",
+	.tp_new = owner_new,
+};
 
 static PyMethodDef fc_methods[] = {
 	{ "recv_into", (PyCFunction)(void (*)(void))fc_recv_into, METH_FASTCALL,
@@ -233,7 +291,8 @@ static PyMethodDef fc_methods[] = {
 	{ "sendall", (PyCFunction)(void (*)(void))fc_sendall, METH_FASTCALL,
 	  "sendall(sock_addr, data, timeout_ms) -> None or rsk_send result" },
 	{ "bind", (PyCFunction)(void (*)(void))fc_bind, METH_FASTCALL,
-	  "bind(rsk_send_addr, rsk_recv_addr[, rsk_recv_zc_addr, rsk_recv_done_addr])" },
+	  "bind(rsk_send_addr, rsk_recv_addr[, rsk_recv_zc_addr, rsk_recv_done_addr"
+	  "[, rsk_free_addr]])" },
 	{ NULL, NULL, 0, NULL },
 };
 
@@ -245,5 +304,18 @@ static struct PyModuleDef fc_module = {
 
 PyMODINIT_FUNC PyInit__fastcall(void)
 {
-	return PyModule_Create(&fc_module);
+	PyObject *m;
+
+	if (PyType_Ready(&OwnerType) < 0)
+		return NULL;
+	m = PyModule_Create(&fc_module);
+	if (!m)
+		return NULL;
+	Py_INCREF(&OwnerType);
+	if (PyModule_AddObject(m, "Owner", (PyObject *)&OwnerType) < 0) {
+		Py_DECREF(&OwnerType);
+		Py_DECREF(m);
+		return NULL;
+	}
+	return m;
 }
