@@ -940,18 +940,29 @@ class _FdRoute:
     def __init__(self, loop: Any, fd: int, sock: _rs.socket) -> None:
         self.loop = loop
         self.fd = fd
-        self.sock = sock
+        # weakly: a socket dropped without a close (registered by its fd
+        # number) is closed by the GC, as the stdlib's; its last close takes
+        # its fds out of the loop's hub first (_closed)
+        self.sock = weakref.ref(sock)
         self._poller = _rsock_asyncio()._poller_for(loop, sock)  # (ValueError: a bad budget)
         self._polled = self._poll_seen = False
         self._poll_last = 0
         self._poll_budget = _rsock_asyncio()._POLL_UNSET  # (the loop's: never adapted)
         self._poll_long = 0
-        self._watch = sock.watch()
+        self._watch = sock.watch(weak=True)
         self._watch.start()  # OSError: not a connection
         sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed
+        sock._core.closers.append(self._closed)
         self.reader: Any = None
         self.writer: Any = None
         self.ending = False  # _end is scheduled
+
+    def _closed(self) -> None:
+        """The socket's last close (maybe the GC's, in any thread): its fds
+        leave the loop's hub before the engine closes them (the peer holds
+        the same eventfd: the hub's epoll would keep reporting it).  The
+        rest goes as for any stale route (_live_route, on the loop)."""
+        self._watch.disarm(self.loop)
 
     def set(self, writer: bool, handle: Any) -> bool:
         """Replaces the reader (or writer) with ``handle`` (None: removes
@@ -991,10 +1002,15 @@ class _FdRoute:
             del _fd_routes[(id(self.loop), self.fd)]
         if self._poller is not None:
             self._poller.leave(self)
-        if self._watch.is_open():
+        sock = self.sock()
+        if sock is not None and self._watch.is_open():
             self._watch.set_polled(self.loop, self._on_ready, False)
             self._watch.disarm(self.loop, POLLIN)  # (as sock_sendall leaves it)
-            self.sock._loop_watches_fd(False)  # fileno() exact again
+            try:
+                sock._core.closers.remove(self._closed)
+            except ValueError:
+                pass
+            sock._loop_watches_fd(False)  # fileno() exact again
 
     def _on_ready(self) -> None:
         self._active()
@@ -1024,7 +1040,7 @@ class _Native:
     __slots__ = ("sock", "cbs", "events")
 
     def __init__(self, sock: _rs.socket) -> None:
-        self.sock = sock
+        self.sock = weakref.ref(sock)  # (the GC closes a dropped socket)
         self.cbs: dict[bool, tuple[Any, tuple[Any, ...]]] = {}  # writer? -> (callback, args)
         self.events = 0
 
@@ -1032,6 +1048,12 @@ class _Native:
 # (id(loop), fd) -> the rsock fileno() the loop watches itself (kept while
 # empty: tornado moves its handler between reader and writer)
 _fd_native: dict[tuple[int, int], _Native] = {}
+
+
+def _drop_native(key: tuple[int, int], rec: _Native) -> None:
+    """The socket's last close: its record goes (else kept while empty)."""
+    if _fd_native.get(key) is rec:
+        del _fd_native[key]
 
 
 def _fd_of(fileobj: Any) -> int:
@@ -1048,7 +1070,7 @@ def _live_route(key: tuple[int, int]) -> _FdRoute | None:
     stale one, whose socket was closed, and maybe the number came back, is
     dropped: the loop's own way then says what a closed fd gets)."""
     route = _fd_routes.get(key)
-    if route is None or (route.sock is _rs.live(key[1]) and route._watch.is_open()):
+    if route is None or (route.sock() is _rs.live(key[1]) and route._watch.is_open()):
         return route
     route.set(False, None)
     route.set(True, None)
@@ -1103,7 +1125,8 @@ def _to_route(loop: Any, key: tuple[int, int], rec: _Native) -> None:
 def _routed(loop: Any, sock: _rs.socket) -> bool:
     """Is a reader or writer of ``sock`` routed on ``loop`` (then its
     sock_sendall keeps out of the notify fd's interest)?"""
-    return any(r.sock is sock for k, r in _fd_routes.items() if k[0] == id(loop))
+    # (a copy first: other threads' loops add and end routes meanwhile)
+    return any(r.sock() is sock for k, r in list(_fd_routes.items()) if k[0] == id(loop))
 
 
 def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Callable[..., Any]]:
@@ -1127,8 +1150,9 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
                     # listener's epoll fd), and never routed: the loop's own
                     return original(self, fd, callback, *args)
                 rec = _fd_native.get(key)
-                if rec is None or rec.sock is not sock:
+                if rec is None or rec.sock() is not sock:
                     rec = _fd_native[key] = _Native(sock)
+                    sock._core.closers.append(functools.partial(_drop_native, key, rec))
                 rec.cbs[writer] = (callback, args)
                 return original(self, fd, _native_event, self, key, writer)
 
@@ -1137,6 +1161,12 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
         @_wraps(original)
         def remove_fd(self: Any, fd: Any) -> Any:
             key = (id(self), _fd_of(fd))
+            if key[1] < 0 and isinstance(fd, _rs.socket):
+                # closed since it was added (fileno() -1): its route, as the
+                # loops find a closed socket's own registration by the object
+                for k, r in list(_fd_routes.items()):
+                    if k[0] == key[0] and r.sock() is fd:
+                        key = k
             route = _fd_routes.get(key)
             if route is not None:
                 return route.set(writer, None)

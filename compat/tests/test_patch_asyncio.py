@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.base_events
 import asyncio.selector_events
+import gc
 import inspect
 import io
 import os
@@ -16,6 +17,8 @@ import ssl
 import subprocess
 import sys
 import textwrap
+import warnings
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -452,6 +455,59 @@ def _thread_switches() -> dict[str, int]:
             d["nonvoluntary_ctxt_switches"]
         )
     return out
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_fileno_reader_of_a_dropped_or_closed_socket(kind: str, run: Any) -> None:
+    """A socket whose fileno() has a reader (registered by its number, 20
+    events: routed to the notify fd under the patch) and that the program
+    drops without closing is closed by the GC, as the stdlib's: the peer
+    reads EOF (the route kept it alive: no EOF; found by a probe, session
+    23).  A socket closed under its routed reader: ``remove_reader(sock)``
+    finds it, as the loops find a closed socket registered as the object
+    (ValueError under the patch before).  TCP is the oracle."""
+    if kind == "rsock":
+        rsock.patch()
+
+    async def main() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        out: list[Any] = []
+        for registered_as in ("number", "object"):
+            client, conn = nonblocking_pair()
+            got: asyncio.Queue[bytes] = asyncio.Queue()
+            ref = weakref.ref(client)
+
+            def on_read(ref: Any = ref, got: asyncio.Queue[bytes] = got) -> None:
+                got.put_nowait(ref().recv(1 << 16))
+
+            fd = client.fileno()
+            loop.add_reader(fd if registered_as == "number" else client, on_read)
+            for i in range(20):
+                conn.send(b"%02d" % i)
+                assert await asyncio.wait_for(got.get(), 10) == b"%02d" % i
+            if registered_as == "number":
+                del client
+                gc.collect()
+                await asyncio.sleep(0.05)
+                out.append(ref() is None)
+                conn.setblocking(True)
+                conn.settimeout(5)
+                out.append(conn.recv(10))  # EOF
+                loop.remove_reader(fd)
+            else:
+                client.close()  # (under its reader)
+                out.append(loop.remove_reader(client) in (True, None))  # (uvloop: None)
+            conn.close()
+        return out
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            out = run(main())
+    finally:
+        if kind == "rsock":
+            rsock.unpatch()
+    assert out == [True, b"", True]
 
 
 @pytest.mark.parametrize("kind", ["tcp", "rsock"])
