@@ -67,7 +67,8 @@ guest rdma-tests "$PY RS_PEER=/project/build/rs_peer timeout 900 python3 -m pyte
 guest conformance "$PY timeout 1500 python3 -m pytest -q -p no:cacheprovider \
 	tests/test_socket_behaviour.py tests/test_contract.py tests/test_stream.py \
 	tests/test_readiness.py tests/test_robust_close.py::test_close_with_linger_zero_resets \
-	tests/test_robust_close.py::test_reset_after_fin_keeps_eof -k rsock"
+	tests/test_robust_close.py::test_reset_after_fin_keeps_eof \
+	tests/test_robust_close.py::test_so_error_of_a_reset_behind_unread_data -k rsock"
 # an event loop over verbs: idle loops sleep (a completion event left unacknowledged
 # kept one spinning), round trips, timers, garbage; and rsock.asyncio's own suite
 # (32 MiB each way in its big transfer here), but for two tests: 500 connections'

@@ -12,6 +12,7 @@ would (the stdlib is the oracle):
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -280,3 +281,23 @@ def test_unclosed_sockets_in_a_reference_cycle(sockmod: ModuleType, transport: s
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout == "collected: True\n"
     assert proc.stderr.count("ResourceWarning: unclosed") == 401, proc.stderr[-2000:]
+
+
+def test_so_error_of_a_reset_behind_unread_data(sockmod: ModuleType, transport: str) -> None:
+    """The peer sends, then closes with our data unread (a reset): SO_ERROR
+    reads ECONNRESET at once, then recv gives the data, then EOF, as TCP's.
+    (rsock's SO_ERROR read 0 until the data was read, and recv raised the
+    reset after it.  Found by a matrix of connection endings, session 23.)"""
+    client, server = connected_pair(sockmod)
+    with client, server:
+        client.sendall(b"U" * 1000)
+        server.sendall(b"D" * 100)
+        time.sleep(0.02)
+        server.close()  # our 1000 bytes unread: a reset
+        time.sleep(0.1)
+        client.setblocking(False)
+        seen = [client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)]
+        for _ in range(2):
+            seen.append(len(client.recv(65536)))
+            seen.append(client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+        assert seen == [errno.ECONNRESET, 100, 0, 0, 0]

@@ -814,6 +814,12 @@ int rsk_take_error(rsk_sock *s)
 	int e;
 
 	eng_lock(s);
+	/* what has arrived first (a reset behind unread data shows at once,
+	 * as TCP's SO_ERROR does; not a forked copy another process owns) */
+	if (s->kind == K_CONN && !s->closed && !s->released && s->p.qp &&
+	    !(s->p.flags & F_DEAD) && (!eng_forked(s) || eng_owned(s)) &&
+	    eng_progress(s))
+		eng_sync_fd(s);
 	e = s->p.so_error;
 	s->p.so_error = 0;
 	if (s->refused && s->fa >= 0) {
