@@ -497,18 +497,7 @@ def test_trio_waits(kind: str, tmp_path: Path) -> None:
     BusyResourceError, cancellation, notify_closing, EOF, and a fileno()
     that polls exactly again after the run.  TCP (plain Python) is the
     oracle."""
-    if kind == "rsock":
-        out = run_patched(_TRIO_WAITS, tmp_path, timeout=60)
-    else:
-        proc = subprocess.run(
-            [sys.executable, "-c", _TRIO_WAITS],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert proc.returncode == 0, proc.stderr
-        out = proc.stdout
+    out = run_as(kind, _TRIO_WAITS, tmp_path, timeout=60)
     assert out.splitlines() == [
         "round trips, watcher woken: few",
         "both wait: True True",
@@ -579,6 +568,7 @@ trio.run(main)
 # trio.run in threads: one closes its connections while another makes new ones
 sys.setswitchinterval(1e-6)
 ready, done, errors, port = threading.Event(), threading.Event(), [], []
+churned = threading.Event()  # (the server stops only then: no reset of its last one)
 
 async def server():
     async def echo(stream):
@@ -589,7 +579,7 @@ async def server():
         ls = await nursery.start(functools.partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
         port.append(ls[0].socket.getsockname()[1])
         ready.set()
-        await trio.to_thread.run_sync(done.wait)
+        await trio.to_thread.run_sync(churned.wait)
         nursery.cancel_scope.cancel()
 
 async def holder():
@@ -614,6 +604,8 @@ def thread(fn):
     finally:
         if fn is holder:
             done.set()
+        elif fn is churner:
+            churned.set()
 
 threads = [threading.Thread(target=thread, args=(server,))]
 threads[0].start()
@@ -638,18 +630,7 @@ def test_trio_routes_end(kind: str, tmp_path: Path) -> None:
     trio's epoll: a spin), and trio.run in threads, one closing connections
     while another makes them (RuntimeError out of aclose and out of trio's
     teardown).  TCP (plain Python) is the oracle."""
-    if kind == "rsock":
-        out = run_patched(_TRIO_ENDS, tmp_path, timeout=90)
-    else:
-        proc = subprocess.run(
-            [sys.executable, "-c", _TRIO_ENDS],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-        assert proc.returncode == 0, proc.stderr
-        out = proc.stdout
+    out = run_as(kind, _TRIO_ENDS, tmp_path, timeout=90)
     assert out.splitlines() == [
         "peer closed, nobody reads: idle",
         "then reads: b''",
@@ -739,9 +720,12 @@ def test_patch_unpatch_from_many_threads() -> None:
 # --------------------------------------------------------------------------- fresh imports
 
 
-def run_patched(code: str, tmp_path: Path, timeout: float = 30) -> str:
+def run_as(kind: str, code: str, tmp_path: Path, timeout: float = 30) -> str:
+    """``code``'s output under ``python -m rsock run`` (kind "rsock") or
+    plain Python (kind "tcp": the oracle)."""
+    launcher = ["-m", "rsock", "run"] if kind == "rsock" else []
     proc = subprocess.run(
-        [sys.executable, "-m", "rsock", "run", "-c", textwrap.dedent(code)],
+        [sys.executable, *launcher, "-c", textwrap.dedent(code)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -749,6 +733,10 @@ def run_patched(code: str, tmp_path: Path, timeout: float = 30) -> str:
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def run_patched(code: str, tmp_path: Path, timeout: float = 30) -> str:
+    return run_as("rsock", code, tmp_path, timeout)
 
 
 def test_stdlib_network_modules_import_and_work_under_patch(tmp_path: Path) -> None:
