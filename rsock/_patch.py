@@ -951,8 +951,7 @@ class _FdRoute:
         self._poll_long = 0
         self._watch = sock.watch(weak=True)
         self._watch.start()  # OSError: not a connection
-        sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed
-        sock._core.closers.append(self._closed)
+        sock._loop_watches_fd(True, closer=self._closed)  # no watcher-thread wake-ups
         self.reader: Any = None
         self.writer: Any = None
         self.ending = False  # _end is scheduled
@@ -1006,11 +1005,7 @@ class _FdRoute:
         if sock is not None and self._watch.is_open():
             self._watch.set_polled(self.loop, self._on_ready, False)
             self._watch.disarm(self.loop, POLLIN)  # (as sock_sendall leaves it)
-            try:
-                sock._core.closers.remove(self._closed)
-            except ValueError:
-                pass
-            sock._loop_watches_fd(False)  # fileno() exact again
+            sock._loop_watches_fd(False, closer=self._closed)  # fileno() exact again
 
     def _on_ready(self) -> None:
         self._active()
@@ -1336,8 +1331,7 @@ class _TrioRoute:
         self.sock = weakref.ref(sock)
         self.watch = sock.watch(weak=True)
         self.watch.start()  # OSError: not a connection (yet)
-        sock._loop_watches_fd(True)  # no watcher-thread wake-ups while routed
-        sock._core.closers.append(self.end)
+        sock._loop_watches_fd(True, closer=self.end)  # no watcher-thread wake-ups
 
     def update(self, waiters: Any) -> bool:
         """The engine's interest as trio's waiters of the fd want; whether
@@ -1380,14 +1374,8 @@ class _TrioRoute:
         Also run by the socket's last close (then from any thread)."""
         self.watch.disarm(self.loop, POLLIN)
         sock = self.sock()
-        if sock is None:
-            return
-        try:
-            sock._core.closers.remove(self.end)
-        except ValueError:
-            return  # ended before
-        if self.watch.is_open():
-            sock._loop_watches_fd(False, now=not closing)
+        if sock is not None:
+            sock._loop_watches_fd(False, now=not closing, closer=self.end)
 
 
 class _TrioNative:

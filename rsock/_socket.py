@@ -815,19 +815,33 @@ class socket:
         """Listening (on the rsock path)?"""
         return self._h is not None and self._core.listening
 
-    def _loop_watches_fd(self, on: bool, now: bool = True) -> None:
+    def _loop_watches_fd(
+        self, on: bool, now: bool = True, closer: Callable[[], None] | None = None
+    ) -> bool:
         """An event loop watches this connection for its fileno()'s readers
         and writers (rsock.patch's add_reader), through the notify fd: the
         fd need not be kept exact meanwhile (no watcher-thread wake-ups,
         whatever fileno() calls come), and is again once none is left
         (``now`` False: from the next fileno() call on, for a socket about
-        to be closed)."""
+        to be closed).  ``closer``: the watch's cleanup, run by the last
+        close if the watch is still on then (before the engine closes the
+        fds); turning off with it does nothing (False) if it is no longer
+        registered (ended before, or the socket is closing)."""
         core = self._core
+        if closer is not None:
+            if on:
+                core.closers.append(closer)
+            else:
+                try:
+                    core.closers.remove(closer)
+                except ValueError:
+                    return False
         core.loop_fd += 1 if on else -1
         if on:
             self._unwatch(_ll.WATCH_FD)
         elif not core.loop_fd and now:
             self._watch(_ll.WATCH_FD)
+        return True
 
     def _watch(self, mask: int) -> None:
         """Turn on the engine's exact readiness (``_ll.WATCH_*``)."""
