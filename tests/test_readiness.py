@@ -631,3 +631,30 @@ def test_blocking_recv_leaves_the_watcher_asleep(pair: Pair, transport: str) -> 
     if transport == "rsock":
         assert woke <= n // 6, woke  # (was about 2 per message)
     _assert_fileno_exact(client, server)
+
+
+def test_fileno_made_while_a_loop_watches_becomes_exact(pair: Pair, transport: str) -> None:
+    """A connection whose fileno() is first asked for while an event loop
+    watches it through its notify fd (trio under the patch asks at its
+    first wait) gets a stand-in of one fd; once nothing watches it so, the
+    same number polls as TCP's, and a poller that registered it before
+    keeps its registration."""
+    client, server = pair
+    before = len(os.listdir("/proc/self/fd"))
+    if transport == "rsock":
+        client._loop_watches_fd(True)
+    fd = client.fileno()
+    if transport == "rsock":
+        assert len(os.listdir("/proc/self/fd")) - before == 1  # (a socketpair: 2)
+    with select.epoll() as ep:
+        ep.register(fd, select.EPOLLIN)
+        if transport == "rsock":
+            client._loop_watches_fd(False)
+        assert client.fileno() == fd
+        assert ep.poll(0) == []
+        server.sendall(b"z")
+        assert ep.poll(5) == [(fd, select.EPOLLIN)]
+        assert client.recv(1) == b"z"
+        assert ep.poll(0) == []
+    _assert_fileno_exact(client, server)
+    assert select.select([], [client], [], 5)[1] == [client]

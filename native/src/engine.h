@@ -96,8 +96,14 @@ struct rsk_sock {
 	 * of a socketpair whose other end (fb) only this struct holds.  fa
 	 * polls readable while a token byte sits in it, writable while its send buffer has room (shrunk while a send
 	 * would block; RSK_WATCH_FD, see "fd readiness" in conn.c).  A
-	 * listener's fa is a second fd of epfd and fb is -1. */
+	 * listener's fa is a second fd of epfd and fb is -1.  A connection
+	 * whose fileno() is made while nobody asks for it exact (no
+	 * RSK_WATCH_FD: an event loop watches its notify fd) gets a stand-in
+	 * first, an eventfd (never readable, always writable), which becomes
+	 * a socketpair's end, on the same number, when RSK_WATCH_FD comes on
+	 * (eng_sync_fd). */
 	int fa, fb;
+	int stand_in; /* fa is that eventfd (fb -1) */
 	int tok;    /* a token sits in fa */
 	int filled; /* fa's send buffer is shrunk: not writable */
 	int dialing; /* K_NEW: rsk_set_dialing (fa not writable) */

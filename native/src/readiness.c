@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -174,6 +175,7 @@ static struct {
 	    0, NULL, 0, NULL };
 
 void eng_sync_fd(rsk_sock *s);
+static int eng_fd_exact(rsk_sock *s);
 
 /* One event for s (s->lock held). */
 static void eng_watch_event(rsk_sock *s, int live)
@@ -368,7 +370,8 @@ out:
 void eng_watch_unowned(rsk_sock *s)
 {
 	if (s->kind != K_CONN || s->released || s->closed ||
-	    !(s->watch & RSK_WATCH_FD) || s->fb < 0 || !eng_unclaimed(s))
+	    !(s->watch & RSK_WATCH_FD) || !eng_unclaimed(s) ||
+	    (s->stand_in && eng_fd_exact(s)) || s->fb < 0)
 		return;
 	if (s->wslot < 0 && eng_watch_add(s))
 		return; /* no thread: fa stays as it is */
@@ -486,6 +489,8 @@ void eng_sync_fd(rsk_sock *s)
 		eng_fd_writable(s, !s->dialing);
 	if (!s->watch || s->kind != K_CONN || s->released)
 		return;
+	if ((s->watch & RSK_WATCH_FD) && s->stand_in && eng_fd_exact(s))
+		s->watch &= ~RSK_WATCH_FD; /* (EMFILE) fa stays as it is */
 	if ((s->watch & RSK_WATCH_FD) && s->wslot < 0 && eng_watch_add(s))
 		s->watch &= ~RSK_WATCH_FD; /* no thread: fa stays as it is */
 	for (;;) {
@@ -663,6 +668,15 @@ int eng_fd_make(rsk_sock *s)
 		eng_fd_set_nonblock(s->fa, 1);
 		return s->fa;
 	}
+	if (s->kind == K_CONN && !(s->watch & RSK_WATCH_FD) && !s->closed) {
+		/* nobody asks for it exact (yet): a stand-in, one fd and one
+		 * call instead of a socketpair set up in four (eng_fd_exact) */
+		s->fa = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (s->fa < 0)
+			return -errno;
+		s->stand_in = 1;
+		return s->fa;
+	}
 	if ((rc = eng_fd_pair(s)) < 0)
 		return rc;
 	if (s->refused) {
@@ -671,6 +685,30 @@ int eng_fd_make(rsk_sock *s)
 		s->fb = -1;
 	}
 	return s->fa;
+}
+
+/* RSK_WATCH_FD came on while fa is a stand-in (eng_fd_make): a socketpair's
+ * first end takes its number (with any poller's registration of it, as
+ * eng_fd_renew's does).  0 or -errno (fa stays the stand-in). */
+static int eng_fd_exact(rsk_sock *s)
+{
+	int fa = s->fa, a, rc;
+
+	if ((a = eng_fd_pair(s)) < 0) {
+		s->fa = fa;
+		return a;
+	}
+	if ((rc = eng_fd_dup_onto(a, fa)) < 0) {
+		close(a);
+		close(s->fb);
+		s->fb = -1;
+		s->fa = fa;
+		return rc;
+	}
+	close(a);
+	s->fa = fa;
+	s->stand_in = 0;
+	return 0;
 }
 
 /* After rsk_set_refused, the next connect or listen needs a live fa: a new
