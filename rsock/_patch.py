@@ -49,7 +49,8 @@ is imported, else at its import): given an rsock socket it returns
 :class:`rsock._ssl.SSLSocket` (TLS through ``ssl.MemoryBIO``/``SSLObject``,
 since OpenSSL cannot do its I/O on an rsock connection), and calls the
 original for anything else.  While patched, ``isinstance(x, socket.socket)``
-holds for those TLS sockets too, as it does for ``ssl.SSLSocket``.
+holds for those TLS sockets too, as it does for ``ssl.SSLSocket``, and so does
+``isinstance(x, ssl.SSLSocket)`` when ssl was first imported under the patch.
 """
 
 from __future__ import annotations
@@ -171,12 +172,42 @@ class _SocketMeta(type):
     def __instancecheck__(cls, instance: Any) -> bool:
         if cls is socket:
             return isinstance(instance, _socket_classes())
+        if cls is _tls_std and _is_rsock_tls(type(instance)):
+            return True  # (ssl imported under the patch: ssl.SSLSocket's metaclass is this)
         return super().__instancecheck__(instance)
 
     def __subclasscheck__(cls, subclass: Any) -> bool:
         if cls is socket:
             return issubclass(subclass, _socket_classes())
+        if cls is _tls_std and _is_rsock_tls(subclass):
+            return True
         return super().__subclasscheck__(subclass)
+
+
+# TLS sockets: rsock's (rsock._ssl.SSLSocket) are instances of ssl.SSLSocket while
+# patched, as the stdlib's TLS sockets over TCP are (httpcore reads ALPN from
+# an SSLSocket's _sslobj only, websockets' threaded server asserts the type,
+# ftplib unwraps only those): the stdlib class this holds for (None: ssl not
+# imported yet, imported before the patch, or unpatched)
+_tls_std: type | None = None
+
+
+def _is_rsock_tls(cls: Any) -> bool:
+    tls = sys.modules.get("rsock._ssl")
+    return tls is not None and _active and isinstance(cls, type) and issubclass(cls, tls.SSLSocket)
+
+
+def _patch_tls_class(module: types.ModuleType) -> None:
+    """``isinstance(x, ssl.SSLSocket)`` holds for rsock's TLS sockets from
+    now on, if ssl was first imported under the patch (its class's metaclass
+    is then ``_SocketMeta``; ``_lock`` held, undone by unpatch).  A class
+    made before the patch has ``type``'s checks, which cannot be changed
+    (replacing ``ssl.SSLSocket`` would break ssl's own ``_create``, which
+    names it in ``super()``)."""
+    global _tls_std
+    std = module.__dict__.get("SSLSocket")
+    if isinstance(std, _SocketMeta):
+        _tls_std = std
 
 
 def _socket_classes() -> tuple[type, ...]:
@@ -308,7 +339,7 @@ def unpatch() -> None:
     reference to it, builds stdlib sockets only.  The loop classes get their
     own methods back (servers and transports made meanwhile keep running on
     rsock.asyncio).  Idempotent."""
-    global _active
+    global _active, _tls_std
     with _lock:
         if not _active:
             return
@@ -330,6 +361,7 @@ def unpatch() -> None:
             else:
                 setattr(cls, name, before)
         _installed.clear()
+        _tls_std = None
         _trio_end_all()
 
 
@@ -466,6 +498,8 @@ def _keywords(original: Any, supported: frozenset[str]) -> frozenset[str]:
 
 def _patch_loops(module: types.ModuleType) -> None:
     """Installs the wrappers on ``module``'s loop classes (``_lock`` held)."""
+    if module.__name__ == "ssl":
+        _patch_tls_class(module)
     for cls_name, names in _HOOKED.get(module.__name__, {}).items():
         cls = getattr(module, cls_name, None)
         if not isinstance(cls, type):

@@ -1026,3 +1026,77 @@ def test_wrapping_an_rsock_tls_socket_again_is_refused(patched: None) -> None:
             assert client.fileno() == fd
             client.sendall(b"still here")
             assert server.recv(10) == b"still here"
+
+
+_TLS_IS_SSLSOCKET = """
+{imports_first}
+import socket, ssl, sys, threading
+import httpcore
+from websockets.sync.client import connect
+from websockets.sync.server import serve
+
+server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+server_ctx.load_cert_chain({certfile!r}, {keyfile!r})
+server_ctx.set_alpn_protocols(["h2", "http/1.1"])
+client_ctx = ssl.create_default_context(cafile={certfile!r})
+
+# httpcore's sync backend reads ALPN from an ssl.SSLSocket's _sslobj only (httpx's
+# HTTP/2 client spoke HTTP/1.1 to an h2 server when it was not one)
+with socket.create_server(("127.0.0.1", 0)) as listener:
+    seen = []
+    def serve_one():
+        conn, _ = listener.accept()
+        with server_ctx.wrap_socket(conn, server_side=True) as tls:
+            seen.append((isinstance(tls, ssl.SSLSocket), tls.selected_alpn_protocol()))
+            tls.recv(1)
+    t = threading.Thread(target=serve_one)
+    t.start()
+    client_ctx.set_alpn_protocols(["h2", "http/1.1"])
+    stream = httpcore.SyncBackend().connect_tcp("127.0.0.1", listener.getsockname()[1], timeout=10)
+    stream = stream.start_tls(client_ctx, server_hostname="localhost", timeout=10)
+    ssl_object = stream.get_extra_info("ssl_object")
+    alpn = ssl_object is not None and ssl_object.selected_alpn_protocol()
+    stream.write(b"x")
+    t.join(10)
+    stream.close()
+    print("server", *seen[0])
+    print("httpcore", alpn)
+
+# websockets' threaded server asserts that a TLS connection is an ssl.SSLSocket
+# (it closed every one before the handshake)
+client_ctx = ssl.create_default_context(cafile={certfile!r})
+def echo(ws):
+    for message in ws:
+        ws.send(message)
+with serve(echo, "127.0.0.1", 0, ssl=server_ctx) as server:
+    t = threading.Thread(target=server.serve_forever)
+    t.start()
+    port = server.socket.getsockname()[1]
+    with connect(f"wss://localhost:{{port}}", ssl=client_ctx) as ws:
+        ws.send(b"m" * 100000)
+        print("websockets", len(ws.recv(timeout=10)))
+    server.shutdown()
+    t.join(10)
+with socket.socket() as plain:
+    tls_class = issubclass(type(ws.socket), ssl.SSLSocket)
+    print("issubclass", tls_class, isinstance(plain, ssl.SSLSocket))
+"""
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock", "rsock.patch()"])
+def test_tls_sockets_are_ssl_sslsockets(kind: str, tmp_path: Path, cert: tuple[str, str]) -> None:
+    """While patched, rsock's TLS sockets are instances of ``ssl.SSLSocket``,
+    as the stdlib's are over TCP: httpcore's sync HTTP/2 negotiation (ALPN)
+    and websockets' threaded TLS server work as over TCP, under ``rsock run``
+    and after ``rsock.patch()`` called before ssl's first import."""
+    certfile, keyfile = cert
+    first = "import rsock; rsock.patch()" if kind == "rsock.patch()" else ""
+    code = _TLS_IS_SSLSOCKET.format(imports_first=first, certfile=certfile, keyfile=keyfile)
+    out = run_as("rsock" if kind == "rsock" else "tcp", code, tmp_path, timeout=60)
+    assert out.split("\n") == [
+        "server True h2",
+        "httpcore h2",
+        "websockets 100000",
+        "issubclass True False",
+        "",
+    ], out
