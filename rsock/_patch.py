@@ -124,7 +124,8 @@ def counters() -> dict[str, int]:
     """A snapshot of the dispatch counters: ``rsock`` and ``stdlib`` (sockets
     the patched class created), ``connect:<provider>`` and
     ``accept:<provider>`` (every connection of an rsock socket while patched,
-    once, whatever the API), ``refused:tcp``, ``asyncio:<method>`` (loop calls routed to
+    once, whatever the API), ``refused:tcp``, ``kernel:tcp`` (TCP sockets of a
+    module in _KERNEL_ONLY), ``asyncio:<method>`` (loop calls routed to
     rsock.asyncio: ``create_connection``, ``create_server``,
     ``connect_accepted_socket``, ``start_tls``, ``sock_connect``)."""
     with _counts_lock:
@@ -150,18 +151,21 @@ def _wants_rsock(family: Any, type: Any, proto: Any, fileno: Any) -> bool:
 _KERNEL_ONLY = frozenset({"multiprocessing.connection"})
 
 
-def _stays_stdlib() -> bool:
-    """Is the code constructing the socket part of the rsock package, or a
-    module that needs a kernel socket (_KERNEL_ONLY)?"""
+def _stays_stdlib() -> str:
+    """Is the code constructing the socket part of the rsock package
+    ("rsock"), or a module that needs a kernel socket ("kernel",
+    _KERNEL_ONLY)?  "" if neither."""
     try:
         # 0: _stays_stdlib, 1: socket.__new__, 2: whoever called socket.socket(...)
         caller = sys._getframe(2)
     except ValueError:
-        return False
+        return ""
     name = caller.f_globals.get("__name__", "")
     if not isinstance(name, str):
-        return False
-    return name == "rsock" or name.startswith("rsock.") or name in _KERNEL_ONLY
+        return ""
+    if name == "rsock" or name.startswith("rsock."):
+        return "rsock"
+    return "kernel" if name in _KERNEL_ONLY else ""
 
 
 class _SocketMeta(type):
@@ -236,11 +240,17 @@ class socket(_Std, metaclass=_SocketMeta):
             # a subclass (ssl.SSLSocket imported under the patch, user classes):
             # an ordinary stdlib socket; its __init__ runs as usual
             return super().__new__(cls)
-        ours = _active and not _stays_stdlib()
-        if ours and _wants_rsock(family, type, proto, fileno):
-            rs = _rs.socket(family, type, proto)
-            _note("rsock")
-            return rs
+        why = _stays_stdlib() if _active else "rsock"
+        ours = not why
+        if _wants_rsock(family, type, proto, fileno):
+            if ours:
+                rs = _rs.socket(family, type, proto)
+                _note("rsock")
+                return rs
+            if why == "kernel":
+                # a TCP socket of a module that needs a kernel one (README,
+                # differences): never refused, but a report shows it
+                _note("kernel:tcp")
         # not an instance of this class, so type.__call__ runs no __init__ on it
         try:
             std = _Std(family, type, proto, fileno)

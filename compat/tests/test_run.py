@@ -363,17 +363,28 @@ m.shutdown()
 
 @pytest.mark.timeout_s(90)
 def test_multiprocessing_connection_over_tcp_addresses(tmp_path: Path) -> None:
-    """Listener/Client and a manager with TCP addresses work under run (their
-    sockets stay kernel sockets: multiprocessing.connection detaches the fd)."""
+    """Listener/Client and a manager with TCP addresses work under run, even
+    under RSOCK_FALLBACK=strict (their sockets stay kernel sockets:
+    multiprocessing.connection detaches the fd), and the report shows them
+    with a ``:tcp`` key (it had none: a report without one did not prove that
+    every connection took the fast path)."""
     prog = tmp_path / "mpc.py"
     prog.write_text(MP_CONNECTION)
     oracle = subprocess.run(
         [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert oracle.returncode == 0, oracle.stderr
-    proc = rsock_run("run", str(prog), cwd=tmp_path)
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rsock", "run", "--report", str(report), str(prog)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, RSOCK_FALLBACK="strict"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == oracle.stdout.split() == ["olleh", "1"]
+    counts = json.loads(report.read_text())
+    # the Listener, its Client, the manager's listener and the client's connections
+    assert counts.get("kernel:tcp", 0) >= 4, counts
 
 
 def test_a_source_tree_shadowing_the_install_says_so(tmp_path: Path) -> None:
