@@ -17,6 +17,7 @@ import os
 import select
 import selectors
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -658,3 +659,34 @@ def test_fileno_made_while_a_loop_watches_becomes_exact(pair: Pair, transport: s
         assert ep.poll(0) == []
     _assert_fileno_exact(client, server)
     assert select.select([], [client], [], 5)[1] == [client]
+
+
+@pytest.mark.parametrize("report", ["recv", "so_error"])
+def test_pollerr_goes_once_the_reset_is_reported(
+    sockmod: ModuleType, transport: str, report: str
+) -> None:
+    """A reset polls POLLERR until it is reported (a recv that raises it, or
+    SO_ERROR), then readable, writable and hung up, as TCP's does (rsock's
+    kept POLLERR for good); EOF and EPIPE follow."""
+    client, server = connected_pair(sockmod)
+    with client:
+        client.fileno()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        server.close()
+        p = select.poll()
+        p.register(client.fileno(), select.POLLIN | select.POLLOUT)
+        everything = select.POLLIN | select.POLLOUT | select.POLLERR | select.POLLHUP
+        t0 = time.monotonic()
+        while (p.poll(100) or [(0, 0)])[0][1] != everything:
+            assert time.monotonic() - t0 < 5, p.poll(0)
+        if report == "recv":
+            with pytest.raises(ConnectionResetError):
+                client.recv(16)
+        else:
+            assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET
+        hung_up = select.POLLIN | select.POLLOUT | select.POLLHUP
+        assert p.poll(0) == [(client.fileno(), hung_up)]
+        assert client.recv(16) == b""
+        with pytest.raises(BrokenPipeError):
+            client.send(b"x")
+        assert p.poll(0) == [(client.fileno(), hung_up)]

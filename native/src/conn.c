@@ -474,6 +474,8 @@ static int eng_take_dead(rsk_sock *s, int after)
 	int e = s->p.so_error;
 
 	s->p.so_error = 0;
+	if (e)
+		eng_fd_error_taken(s);
 	return e ? -e : after;
 }
 
@@ -822,6 +824,8 @@ int rsk_take_error(rsk_sock *s)
 		eng_sync_fd(s);
 	e = s->p.so_error;
 	s->p.so_error = 0;
+	if (e)
+		eng_fd_error_taken(s);
 	if (s->refused && s->fa >= 0) {
 		/* the caller read the refused connect's outcome: fa's pending
 		 * error goes too, as SO_ERROR clears a TCP socket's (it still

@@ -130,6 +130,9 @@ int eng_enter(rsk_sock *s);
 void eng_leave(rsk_sock *s);
 void eng_set_detail(rsk_sock *s, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+/* The connection's error was reported: fileno()'s POLLERR goes, as a TCP
+ * socket's does (s->lock held). */
+void eng_fd_error_taken(rsk_sock *s);
 /* After a refused connect: a live fileno() again (0 or -errno). */
 int eng_fd_renew(rsk_sock *s);
 /* fileno(), made on first use (O_NONBLOCK, whatever its kind): the fd or

@@ -116,6 +116,19 @@ static void eng_fd_writable(rsk_sock *s, int w)
 		s->filled = !w;
 }
 
+/* The connection's error was reported (SO_ERROR, or a call that failed
+ * with it): fa's pending error, which closing fb gave it, goes too, as a
+ * TCP socket's does once reported (it still polls readable, writable and
+ * hung up, no longer POLLERR).  (A stand-in or a live pair has none.) */
+void eng_fd_error_taken(rsk_sock *s)
+{
+	int fe;
+	socklen_t n = sizeof(fe);
+
+	if (s->kind == K_CONN && s->fa >= 0 && s->fb < 0 && !s->stand_in)
+		getsockopt(s->fa, SOL_SOCKET, SO_ERROR, &fe, &n);
+}
+
 void eng_sync_pair(rsk_sock *s)
 {
 	int r = eng_readable(s), w = eng_writable(s);
@@ -131,6 +144,8 @@ void eng_sync_pair(rsk_sock *s)
 		 * that a fork left in another process keeps fa as it is.) */
 		close(s->fb);
 		s->fb = -1;
+		if (!s->p.so_error) /* reported already (SO_ERROR, a call) */
+			eng_fd_error_taken(s);
 		return;
 	}
 	if (r && !s->tok) {
