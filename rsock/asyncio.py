@@ -361,6 +361,10 @@ class RsockTransport(transports._FlowControlMixin):
         self._write_eof_pending = False
         self._closing = False
         self._conn_lost = 0
+        # on uvloop, once connection_lost ran, the calls that write raise as
+        # uvloop's own transports do (its handle is closed); asyncio's ignore
+        self._on_uvloop = type(loop).__module__.partition(".")[0] == "uvloop"
+        self._handle_closed = False
         self._empty_waiter: asyncio.Future[None] | None = None  # sendfile's
         self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
         self._polled = False  # hot in the poller (the engine's polling mode)
@@ -516,7 +520,12 @@ class RsockTransport(transports._FlowControlMixin):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         t = type(data)
-        if (t is bytes or t is bytearray) and not data and not self._write_eof_pending:
+        if (
+            (t is bytes or t is bytearray)
+            and not data
+            and not self._write_eof_pending
+            and not self._handle_closed
+        ):
             return  # (h11's end of a sized body: no engine call, no activity)
         if self._polled:
             self._poll_seen = True  # an answer may come: go on polling
@@ -541,6 +550,7 @@ class RsockTransport(transports._FlowControlMixin):
             elif rc not in (-errno.EAGAIN, -errno.EINTR):
                 self._fatal_error(self._watch.error(rc), "Fatal write error on rsock transport")
                 return
+        self._ensure_alive()
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
                 f"data argument must be a bytes-like object, not {type(data).__name__!r}"
@@ -623,7 +633,12 @@ class RsockTransport(transports._FlowControlMixin):
     def can_write_eof(self) -> bool:
         return True
 
+    def _ensure_alive(self) -> None:
+        if self._handle_closed:
+            raise RuntimeError(f"unable to perform operation on {self!r}; the handler is closed")
+
     def write_eof(self) -> None:
+        self._ensure_alive()
         if self._closing or self._write_eof_pending:
             return
         self._write_eof_pending = True
@@ -643,6 +658,7 @@ class RsockTransport(transports._FlowControlMixin):
         return (self._low, self._high)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._ensure_alive()
         if high is None:
             high = _DEFAULT_HIGH if low is None else 4 * low
         if low is None:
@@ -769,6 +785,7 @@ class RsockTransport(transports._FlowControlMixin):
         try:
             self._protocol.connection_lost(exc)
         finally:
+            self._handle_closed = self._on_uvloop
             self._sock.close()
             server, self._server = self._server, None
             if server is not None:

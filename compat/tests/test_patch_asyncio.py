@@ -1283,3 +1283,63 @@ def test_cancelled_sock_sendall_does_not_strand_the_next(
             return await asyncio.wait_for(receiver, 20)
 
     assert run(main()).endswith(b"world")
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_writes_after_the_connection_was_lost(kind: str, loop_name: str) -> None:
+    """After close(), writes are ignored; once connection_lost ran, uvloop's
+    transports raise RuntimeError for the calls that write (its handle is
+    closed) where asyncio's still ignore them: rsock's transports do as the
+    loop's own (on uvloop they ignored them).  TCP is the oracle."""
+    if kind == "rsock":
+        rsock.patch()
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        lost = loop.create_future()
+
+        class Lost(asyncio.Protocol):
+            def connection_lost(self, exc: BaseException | None) -> None:
+                lost.set_result(exc)
+
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        transport, _ = await loop.create_connection(Lost, "127.0.0.1", port_of(server))
+        out = []
+        calls: list[tuple[str, tuple[Any, ...]]] = [
+            ("write", (b"x",)),
+            ("writelines", ([b"x"],)),
+            ("write_eof", ()),
+            ("set_write_buffer_limits", (10, 5)),
+        ]
+        transport.close()
+        for when in ("closing", "lost"):
+            if when == "lost":
+                assert await asyncio.wait_for(lost, 10) is None
+            for name, args in calls:
+                try:
+                    getattr(transport, name)(*args)
+                    out.append(f"{when} {name} ok")
+                except RuntimeError as e:
+                    assert "unable to perform operation on" in str(e), e
+                    out.append(f"{when} {name} RuntimeError")
+        server.close()
+        await server.wait_closed()
+        return out
+
+    try:
+        if loop_name == "uvloop":
+            out = uvloop.run(asyncio.wait_for(main(), 30))
+        else:
+            out = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        if kind == "rsock":
+            rsock.unpatch()
+    closing = ["closing write ok", "closing writelines ok", "closing write_eof ok",
+               "closing set_write_buffer_limits ok"]  # fmt: skip
+    if loop_name == "uvloop":
+        lost = [f"lost {n} RuntimeError" for n in ("write", "writelines", "write_eof",
+                                                  "set_write_buffer_limits")]  # fmt: skip
+    else:
+        lost = [c.replace("closing", "lost") for c in closing]
+    assert out == closing + lost
