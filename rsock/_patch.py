@@ -1414,9 +1414,10 @@ class _TrioRoute:
 
     def end(self, closing: bool = False) -> None:
         """The fds leave trio's epoll; fileno() is exact again (``closing``:
-        trio's notify_closing, a close follows: at its next call, not now).
-        Also run by the socket's last close (then from any thread)."""
-        self.watch.disarm(self.loop, POLLIN)
+        trio's notify_closing, a close follows: at its next call, not now,
+        and the engine's interest is left as it is).  Also run by the
+        socket's last close (then from any thread)."""
+        self.watch.disarm(self.loop, None if closing else POLLIN)
         sock = self.sock()
         if sock is not None:
             sock._loop_watches_fd(False, now=not closing, closer=self.end)
@@ -1450,7 +1451,7 @@ def _trio_route(io: Any, fd: int) -> _TrioRoute | None:
         if route.sock() is sock:
             if isinstance(route, _TrioNative):
                 return None
-            if route.watch.is_open():
+            if sock is not None and sock._h is route.watch.handle:  # (still open)
                 return route
         _trio_routes.pop(key, None)  # its socket closed (the number may be another's now)
         if isinstance(route, _TrioRoute):
@@ -1516,8 +1517,11 @@ def _trio_unmark(sock: _rs.socket | None = None) -> None:
 def _trio_end(io: Any, fd: int | None = None) -> None:
     """Ends ``io``'s route of ``fd`` (None: all of its routes)."""
     with _trio_lock:
-        keys = [k for k in list(_trio_routes) if k[0] == id(io) and fd in (None, k[1])]
-        routes = [_trio_routes.pop(k, None) for k in keys]
+        if fd is not None:  # (one look, not a pass over every run's routes)
+            routes = [_trio_routes.pop((id(io), fd), None)]
+        else:
+            keys = [k for k in list(_trio_routes) if k[0] == id(io)]
+            routes = [_trio_routes.pop(k, None) for k in keys]
     for route in routes:
         if isinstance(route, _TrioRoute):
             route.end(closing=fd is not None)
