@@ -8,6 +8,7 @@ setup(
         Extension(
             "rsock._fastcall",
             ["native/py/fastcall.c"],
+            include_dirs=["native/include"],  # (rsock.h's flags only)
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror"],
         )
     ],

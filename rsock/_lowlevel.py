@@ -32,6 +32,7 @@ except ImportError as _e:  # pragma: no cover - depends on how rsock was install
 F_PEEK: int = lib.RSK_F_PEEK
 F_WAITALL: int = lib.RSK_F_WAITALL
 F_DONTWAIT: int = lib.RSK_F_DONTWAIT
+F_PARTIAL: int = lib.RSK_F_PARTIAL
 POLLIN: int = lib.RSK_POLLIN
 POLLOUT: int = lib.RSK_POLLOUT
 POLLERR: int = lib.RSK_POLLERR

@@ -1836,8 +1836,10 @@ class socket:
         elif self._tcp is not None:
             return self._tcp.kernel().send(data, flags)
         buf = self._cbuf(data)
+        # (with a timeout: back once some bytes went, as a kernel socket's)
+        f = self._flags(flags) | (_ll.F_PARTIAL if self._timeout else 0)
         try:
-            return self._call(_ll.send, buf, len(buf), self._flags(flags), clock=clock)
+            return self._call(_ll.send, buf, len(buf), f, clock=clock)
         except BaseException:
             _release(buf)
             raise

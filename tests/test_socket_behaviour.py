@@ -513,6 +513,29 @@ def test_full_send_per_mode(pair: Pair, sockmod: ModuleType, call: str, timeout:
         assert got == (chunk * (sent // len(chunk) + 1))[:sent]
 
 
+
+def test_timed_send_returns_what_fit_without_waiting(pair: Pair, sockmod: ModuleType) -> None:
+    """send() on a socket with a timeout waits only while nothing fits: a
+    send larger than the connection holds returns at once with what went
+    (rsock's waited out the whole timeout before it returned that count:
+    httpx's sync WriteTimeout came after twice its timeout); the next one,
+    with nothing fitting, times out after the timeout.  sendall waits, as
+    the stdlib's."""
+    client, server = pair
+    client.settimeout(0.5)
+    big = b"s" * (64 << 20)
+    started = time.monotonic()
+    sent = client.send(big)
+    assert 0 < sent < len(big)
+    assert time.monotonic() - started < 0.25
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        client.send(big)
+    assert 0.4 <= time.monotonic() - started < 1.5
+    server.settimeout(10)
+    assert recv_exact(server, sent) == big[:sent]
+
+
 # --------------------------------------------------------------------------- a peer dies
 
 

@@ -36,6 +36,10 @@ extern "C" {
 #define RSK_F_PEEK 1
 #define RSK_F_WAITALL 2
 #define RSK_F_DONTWAIT 4
+/* rsk_send: once some bytes went and the ring is full, return their count
+ * instead of waiting for room for the rest (send() on a socket with a
+ * timeout, as a kernel socket's: it waits only while nothing fits) */
+#define RSK_F_PARTIAL 8
 
 /* rsk_shutdown how (same values as SHUT_RD/SHUT_WR/SHUT_RDWR) */
 #define RSK_SHUT_RD 0

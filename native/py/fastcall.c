@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "rsock.h"
+
 typedef ssize_t (*io_fn)(void *s, void *buf, size_t len, int flags,
 			 int timeout_ms);
 typedef ssize_t (*zc_fn)(void *s, size_t len, int flags, int timeout_ms,
@@ -61,10 +63,12 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
 
 /* One engine call on the buffer of args[1], on its first limit bytes when
  * limit > 0 (ValueError if the buffer is shorter): *rc is fn's result, *len
- * the length used; -1 with an exception set if the arguments are wrong. */
+ * the length used; -1 with an exception set if the arguments are wrong.
+ * partial: a send with a timeout returns once some bytes went and the ring
+ * is full (send(), as a kernel socket's; not sendall) */
 static int fc_io(PyObject *const *args, Py_ssize_t nargs, const char *name,
-		 int bufflags, io_fn fn, Py_ssize_t limit, ssize_t *rc,
-		 Py_ssize_t *len)
+		 int bufflags, io_fn fn, Py_ssize_t limit, int partial,
+		 ssize_t *rc, Py_ssize_t *len)
 {
 	Py_buffer b;
 	void *s;
@@ -82,7 +86,8 @@ static int fc_io(PyObject *const *args, Py_ssize_t nargs, const char *name,
 	}
 	*len = limit > 0 ? limit : b.len;
 	Py_BEGIN_ALLOW_THREADS
-	*rc = fn(s, b.buf, (size_t)*len, 0, timeout);
+	*rc = fn(s, b.buf, (size_t)*len,
+		 partial && timeout > 0 ? RSK_F_PARTIAL : 0, timeout);
 	Py_END_ALLOW_THREADS
 	PyBuffer_Release(&b);
 	return 0;
@@ -108,7 +113,7 @@ static PyObject *fc_recv_into(PyObject *self, PyObject *const *args,
 		}
 		nargs = 3;
 	}
-	if (fc_io(args, nargs, "recv_into", PyBUF_WRITABLE, fn_recv, limit,
+	if (fc_io(args, nargs, "recv_into", PyBUF_WRITABLE, fn_recv, limit, 0,
 		  &rc, &len))
 		return NULL;
 	return PyLong_FromSsize_t(rc);
@@ -171,7 +176,7 @@ static PyObject *fc_send_common(PyObject *const *args, Py_ssize_t nargs,
 	ssize_t rc;
 	Py_ssize_t len;
 
-	if (fc_io(args, nargs, name, PyBUF_SIMPLE, fn_send, 0, &rc, &len))
+	if (fc_io(args, nargs, name, PyBUF_SIMPLE, fn_send, 0, !all, &rc, &len))
 		return NULL;
 	if (all && rc == len)
 		Py_RETURN_NONE;

@@ -538,7 +538,7 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 				s->st.credit_stalls++;
 			else
 				s->st.space_stalls++;
-			if (done && nb)
+			if (done && (nb || (flags & RSK_F_PARTIAL)))
 				break;
 			rc = eng_wait(s, send_ready, deadline, nb);
 			if (rc)

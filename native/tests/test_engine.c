@@ -415,6 +415,29 @@ static void t_abort(void)
 	rsk_free(b);
 }
 
+/* RSK_F_PARTIAL: a timed send returns what fit once the ring is full (a
+ * kernel socket's send() with a timeout); without it, it waits out the
+ * timeout for room for the rest (sendall). */
+static void t_send_partial(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	static char big[1 << 18];
+	rsk_sock *a, *b;
+	int64_t t0;
+	ssize_t n;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	t0 = eng_now_ns();
+	n = rsk_send(a, big, sizeof(big), RSK_F_PARTIAL, 2000);
+	CHECK(n > 0 && n < (ssize_t)sizeof(big));
+	CHECK(eng_now_ns() - t0 < 1000000000LL); /* not the 2 s timeout */
+	t0 = eng_now_ns();
+	CHECK_EQ(rsk_send(a, big, sizeof(big), RSK_F_PARTIAL, 100), -ETIMEDOUT);
+	CHECK(eng_now_ns() - t0 >= 90000000LL);
+	rsk_free(a);
+	rsk_free(b);
+}
+
 /* A blocked receiver learns of close() from another thread. */
 static void *closer(void *p)
 {
@@ -1146,6 +1169,7 @@ int main(void)
 	RUN(t_fileno_epoll_carried);
 	RUN(t_reset_after_fin);
 	RUN(t_abort);
+	RUN(t_send_partial);
 	RUN(t_listen_shared);
 	RUN(t_reuseport_join);
 	RUN(t_credit_exhaustion);
