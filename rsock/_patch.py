@@ -317,6 +317,40 @@ def _os_sendfile(out_fd: Any, in_fd: Any, offset: Any, count: Any) -> int:
     return _saved["sendfile"](out_fd, in_fd, offset, count)  # type: ignore[no-any-return]
 
 
+_kernel_sendmsg = _Std.sendmsg  # _socket.socket's own
+
+
+def _sendmsg(self: Any, buffers: Any, ancdata: Any = (), *args: Any) -> int:
+    """``sendmsg`` of stdlib sockets while patched (``socket.send_fds``,
+    ``multiprocessing.reduction.sendfds``): an rsock socket's ``fileno()``
+    in ``SCM_RIGHTS`` is refused with a clear error.  It is the socket's
+    readiness fd, not the connection (which lives in this process's engine):
+    a process that adopted it read rsock's readiness bytes as data, and its
+    client was never answered (a pre-fork server that hands accepted
+    connections to workers; README, differences).  A listener's passes."""
+    if ancdata:
+        ancdata = list(ancdata)
+        for item in ancdata:
+            try:
+                level, kind, data = item
+                if level != _std.SOL_SOCKET or kind != _std.SCM_RIGHTS:
+                    continue
+                raw = memoryview(data).cast("B")
+            except (TypeError, ValueError):
+                continue  # (the original raises its own error for it)
+            for i in range(0, len(raw) - len(raw) % 4, 4):
+                fd = int.from_bytes(raw[i : i + 4], sys.byteorder, signed=True)
+                sock = _rs.live(fd)
+                if sock is not None and sock._tcp is None and not sock._is_listener():
+                    raise OSError(
+                        errno.EOPNOTSUPP,
+                        f"fd {fd} is the fileno() of an rsock connection, which cannot be "
+                        "passed to another process (its data is in this process's rsock "
+                        "engine, not in the fd); see rsock's README, differences",
+                    )
+    return _kernel_sendmsg(self, buffers, ancdata, *args)
+
+
 def patch() -> None:
     """Make ``socket.socket(AF_INET/AF_INET6, SOCK_STREAM)`` return
     ``rsock.socket`` for all code (stdlib modules included) that looks
@@ -332,6 +366,9 @@ def patch() -> None:
         if hasattr(os, "sendfile"):
             _saved["sendfile"] = os.sendfile
             os.sendfile = _os_sendfile
+        if "sendmsg" not in _Std.__dict__ and hasattr(_Std, "sendmsg"):
+            _installed[(_Std, "sendmsg")] = (_MISSING, _sendmsg)
+            _Std.sendmsg = _sendmsg  # type: ignore[method-assign]
         _rs.tally = _note  # every rsock connection counts, whatever made it
         _active = True
         # the loops: now for modules already imported, at import for the others

@@ -1100,3 +1100,64 @@ def test_tls_sockets_are_ssl_sslsockets(kind: str, tmp_path: Path, cert: tuple[s
         "issubclass True False",
         "",
     ], out
+
+
+_PASS_CONNECTION_FD = """
+import errno, os, socket
+from multiprocessing import reduction
+
+srv = socket.create_server(("127.0.0.1", 0))
+cli = socket.create_connection(srv.getsockname())
+conn, _ = srv.accept()
+for way in ("send_fds", "sendfds"):
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # a pre-fork worker: adopt the connection, answer one line
+        a.close()
+        fds = socket.recv_fds(b, 1, 1)[1]
+        if fds:
+            c = socket.socket(fileno=fds[0])
+            c.settimeout(10)
+            c.sendall(b"echo " + c.recv(100))
+            c.close()
+        os._exit(0)
+    b.close()
+    try:
+        if way == "send_fds":
+            socket.send_fds(a, [b"x"], [conn.fileno()])
+        else:
+            reduction.sendfds(a, [conn.fileno()])
+    except OSError as e:
+        assert "cannot be passed to another process" in str(e), e
+        print(way, "refused", e.errno == errno.EOPNOTSUPP)
+    else:
+        cli.settimeout(10)
+        cli.sendall(b"hello")
+        print(way, cli.recv(100).decode())
+    a.close()
+    os.waitpid(pid, 0)
+# a listener's fileno() still passes (adopted as a listener by a child)
+a, b = socket.socketpair()
+socket.send_fds(a, [b"x"], [srv.fileno()])
+print("listener", len(socket.recv_fds(b, 1, 1)[1]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_a_connection_fd_handed_to_another_process(kind: str, tmp_path: Path) -> None:
+    """A pre-fork server that hands an accepted connection's fd to a worker
+    (SCM_RIGHTS: socket.send_fds, multiprocessing.reduction.sendfds): over
+    TCP the worker answers; an rsock connection cannot travel (README,
+    differences), and the send now fails with a clear error in the sender
+    (the worker read rsock's readiness bytes as data, and the client was
+    never answered)."""
+    out = run_as(kind, _PASS_CONNECTION_FD, tmp_path, timeout=60)
+    if kind == "tcp":
+        assert out.split("\n") == ["send_fds echo hello", "sendfds echo hello", "listener 1", ""]
+    else:
+        assert out.split("\n") == [
+            "send_fds refused True",
+            "sendfds refused True",
+            "listener 1",
+            "",
+        ]
