@@ -241,6 +241,11 @@ def fileno(h: Handle) -> int:
     return rc
 
 
+def fd_blocking(h: Handle, blocking: bool) -> int:
+    """fileno()'s O_NONBLOCK flag as the socket's mode (rsk_fd_blocking)."""
+    return int(lib.rsk_fd_blocking(h.ptr, 1 if blocking else 0))
+
+
 def fileno_onto(h: Handle, fd: int) -> None:
     """The pollable fd moves onto ``fd``'s number (socket(fileno=fd))."""
     rc = int(lib.rsk_fileno_onto(h.ptr, fd))

@@ -796,13 +796,15 @@ class socket:
     def _fd_mode(self) -> None:
         """fileno()'s O_NONBLOCK flag as CPython keeps a socket's fd: off only
         while the socket blocks with no timeout (a timeout is enforced around
-        non-blocking calls).  The engine never depends on it (MSG_DONTWAIT)."""
+        non-blocking calls).  The engine reads it only on the way to waiting
+        with no timeout: a flag someone else turned on through the fd (fcntl,
+        as fakeredis's server does) makes the call raise BlockingIOError, as
+        with a kernel socket."""
         core = self._core
         block = self._timeout is None
-        if core.fd >= 0 and core.fd_block != block:
-            try:
-                os.set_blocking(core.fd, block)
-            except OSError:
+        h = self._h
+        if core.fd >= 0 and core.fd_block != block and h is not None:
+            if _ll.fd_blocking(h, block) < 0:
                 return  # (closed underneath: the socket's calls say so)
             core.fd_block = block
 

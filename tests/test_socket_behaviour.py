@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import socket
+import threading
 import time
 from types import ModuleType
 from typing import Any
@@ -534,6 +535,52 @@ def test_timed_send_returns_what_fit_without_waiting(pair: Pair, sockmod: Module
     assert 0.4 <= time.monotonic() - started < 1.5
     server.settimeout(10)
     assert recv_exact(server, sent) == big[:sent]
+
+
+
+def test_o_nonblock_set_through_the_fd(pair: Pair, sockmod: ModuleType) -> None:
+    """A program that makes a blocking socket non-blocking with fcntl on its
+    fileno() (fakeredis's TCP server does, then reads with makefile() until
+    there is nothing left): the socket object still says blocking, but its
+    calls that would wait raise BlockingIOError (a file's readline returns
+    what there is), as a kernel socket's; cleared, they wait again.  rsock's
+    waited (fakeredis's pub/sub never delivered a message)."""
+    import fcntl
+
+    client, server = pair
+    with sockmod.socket(sockmod.AF_INET, sockmod.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        for sock in (client, listener):
+            fd = sock.fileno()
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+            assert sock.getblocking() and sock.gettimeout() is None
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    with pytest.raises(BlockingIOError):
+        client.recv(16)
+    f = client.makefile("rb")
+    server.sendall(b"one\n")
+    time.sleep(0.05)
+    assert f.readline() == b"one\n"
+    assert f.readline() == b""  # (nothing waits: the stdlib's file says so)
+    sent = 0
+    with pytest.raises(BlockingIOError):
+        while sent < 1 << 30:
+            sent += client.send(b"x" * 65536)
+    fd = client.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    server.settimeout(10)
+    assert recv_exact(server, sent) == b"x" * sent
+    timer = threading.Timer(0.2, server.sendall, args=(b"late",))
+    timer.start()
+    try:
+        started = time.monotonic()
+        assert client.recv(16) == b"late"  # blocks again
+        assert time.monotonic() - started >= 0.1
+    finally:
+        timer.join()
+    f.close()
 
 
 # --------------------------------------------------------------------------- a peer dies

@@ -114,6 +114,13 @@ int rsk_fileno(rsk_sock *s);
  * socket(fileno=fd) adopting what fd stood for.  Before anyone polls it
  * (a poller of the old number loses it).  fd, or -errno. */
 int rsk_fileno_onto(rsk_sock *s, int fd);
+/* fileno()'s O_NONBLOCK flag off (blocking) or on, as the socket's own mode
+ * (a kernel socket's file flag: rsock.socket keeps it off only while the
+ * socket blocks with no timeout).  From then on a call with no timeout that
+ * would wait honours the flag as a kernel socket's does: one that someone
+ * turned on through the fd (fcntl) makes it return -EAGAIN instead (read
+ * only on the way to waiting).  0 or -errno (EBADF: no fileno() yet). */
+int rsk_fd_blocking(rsk_sock *s, int blocking);
 /* A connection's engine fds: the notify fd (see RSK_WATCH_NOTIFY; on shm
  * an eventfd made by this call) and the liveness fd (readable when the
  * peer is gone; on shm also when the peer rang: its wake-ups come there).

@@ -540,6 +540,11 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 				s->st.space_stalls++;
 			if (done && (nb || (flags & RSK_F_PARTIAL)))
 				break;
+			if (!nb && deadline < 0 && eng_fd_nonblock(s)) {
+				nb = 1; /* (fcntl on the fd: as a kernel socket) */
+				if (done)
+					break;
+			}
 			rc = eng_wait(s, send_ready, deadline, nb);
 			if (rc)
 				break;
@@ -600,6 +605,8 @@ static ssize_t recv_wait(rsk_sock *s, int flags, int64_t deadline, int keep)
 			return (ssize_t)(s->p.r_tail - s->p.r_head);
 		if (!s->rx_busy && (rc = recv_end(s, keep)) <= 0)
 			return rc;
+		if (!nb && deadline == -1 && eng_fd_nonblock(s))
+			nb = 1; /* (fcntl on the fd: as a kernel socket) */
 		rc = eng_wait(s, recv_ready, deadline, nb);
 		if (rc)
 			return rc;

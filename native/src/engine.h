@@ -104,6 +104,8 @@ struct rsk_sock {
 	 * (eng_sync_fd). */
 	int fa, fb;
 	int stand_in; /* fa is that eventfd (fb -1) */
+	int fd_mode;  /* fa's O_NONBLOCK is the socket's mode (rsk_fd_blocking):
+		       * a wait with no timeout honours it */
 	int tok;    /* a token sits in fa */
 	int filled; /* fa's send buffer is shrunk: not writable */
 	int dialing; /* K_NEW: rsk_set_dialing (fa not writable) */
@@ -130,6 +132,9 @@ int eng_enter(rsk_sock *s);
 void eng_leave(rsk_sock *s);
 void eng_set_detail(rsk_sock *s, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+/* A call with no timeout is about to wait: does fileno()'s O_NONBLOCK flag,
+ * which someone turned on through the fd, say it must not (s->lock)? */
+int eng_fd_nonblock(const rsk_sock *s);
 /* The connection's error was reported: fileno()'s POLLERR goes, as a TCP
  * socket's does (s->lock held). */
 void eng_fd_error_taken(rsk_sock *s);

@@ -287,8 +287,8 @@ int rsk_accept(rsk_sock *s, int timeout_ms, rsk_sock **out,
 			rc = -EXDEV;
 			goto out;
 		}
-		if (timeout_ms == 0)
-			goto out;
+		if (timeout_ms == 0 || (timeout_ms < 0 && eng_fd_nonblock(s)))
+			goto out; /* (-EAGAIN; the second: fcntl on the fd) */
 		if (s->closed) {
 			rc = -EBADF;
 			goto out;

@@ -116,6 +116,16 @@ static void eng_fd_writable(rsk_sock *s, int w)
 		s->filled = !w;
 }
 
+int eng_fd_nonblock(const rsk_sock *s)
+{
+	int fl;
+
+	if (!s->fd_mode || s->fa < 0)
+		return 0;
+	fl = fcntl(s->fa, F_GETFL);
+	return fl >= 0 && (fl & O_NONBLOCK);
+}
+
 /* The connection's error was reported (SO_ERROR, or a call that failed
  * with it): fa's pending error, which closing fb gave it, goes too, as a
  * TCP socket's does once reported (it still polls readable, writable and

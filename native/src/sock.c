@@ -178,6 +178,21 @@ int rsk_fileno_onto(rsk_sock *s, int fd)
 	return rc;
 }
 
+int rsk_fd_blocking(rsk_sock *s, int blocking)
+{
+	int rc = 0;
+
+	eng_lock(s);
+	if (s->released || s->fa < 0) {
+		rc = -EBADF;
+	} else {
+		eng_fd_set_nonblock(s->fa, !blocking);
+		s->fd_mode = 1;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
 const char *rsk_detail(rsk_sock *s)
 {
 	return s->detail;
