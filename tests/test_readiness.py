@@ -690,3 +690,63 @@ def test_pollerr_goes_once_the_reset_is_reported(
         with pytest.raises(BrokenPipeError):
             client.send(b"x")
         assert p.poll(0) == [(client.fileno(), hung_up)]
+
+
+def test_readable_listener_accepts_a_new_process_first_connection(
+    sockmod: ModuleType, transport: str
+) -> None:
+    """The first connection of a new client process (threads running, as in
+    most programs) is ready to accept once the listener polls readable: a
+    select() loop's non-blocking accept() gets it, no BlockingIOError (over
+    rsock it did, every time: growing the client's fd table for its first
+    high fd waited ~5 ms for the kernel, between its connect and its
+    handshake)."""
+    import subprocess
+    import sys
+
+    mod = "rsock" if transport == "rsock" else "socket"
+    client = (  # (connects from a thread, as a threaded client does)
+        f"import sys, threading, {mod} as S\n"
+        # the fd table's size once the module is loaded (before any socket)
+        "print([l for l in open('/proc/self/status') if l.startswith('FDSize')][0])\n"
+        "def one():\n"
+        "    c = S.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=10)\n"
+        "    c.recv(1); c.close()\n"
+        "t = threading.Thread(target=one); t.start(); t.join()\n"
+    )
+    with sockmod.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.setblocking(False)
+        eagain = 0
+        for _ in range(3):
+            # through a process with no high fd open: a fork sizes the child's
+            # fd table by its parent's open fds (this one's go past 256)
+            launch = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
+            proc = subprocess.Popen(
+                [sys.executable, "-c", launch, sys.executable, "-c", client,
+                 str(listener.getsockname()[1])],  # fmt: skip
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                while True:
+                    r, _, _ = select.select([listener], [], [], 20)
+                    assert r, "no connection"
+                    try:
+                        conn, _ = listener.accept()
+                        break
+                    except BlockingIOError:
+                        eagain += 1
+                with conn:
+                    conn.sendall(b"k")
+                out, _ = proc.communicate(timeout=20)
+                assert proc.returncode == 0
+            finally:
+                proc.kill()
+                proc.wait()
+            if transport == "rsock":
+                # grown at load for the engine's high fds (whether the kernel's
+                # wait shows is up to its RCU grace period: under load, ms)
+                assert int(out.split()[1]) > 256, out
+    assert eagain == 0

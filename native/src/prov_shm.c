@@ -968,21 +968,50 @@ static void arena_release(struct prov_qp *qp)
 	qp->l.base = qp->r.base = NULL; /* the arena's mapping */
 }
 
-int prov_fd_high(int fd)
+static long prov_fd_base(void)
 {
 	struct rlimit rl;
 	long base = PROV_FD_HIGH;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    (long)(rl.rlim_cur / 2) < base)
+		base = (long)(rl.rlim_cur / 2);
+	return base;
+}
+
+int prov_fd_high(int fd)
+{
+	long base;
 	int h;
 
 	if (fd < 0)
 		return fd;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-	    (long)(rl.rlim_cur / 2) < base)
-		base = (long)(rl.rlim_cur / 2);
+	base = prov_fd_base();
 	if (fd >= base || (h = fcntl(fd, F_DUPFD_CLOEXEC, (int)base)) < 0)
 		return fd;
 	close(fd);
 	return h;
+}
+
+/*
+ * The process's fd table grows to hold PROV_FD_HIGH's numbers when the
+ * library loads (an import, usually before the program's threads): growing
+ * it later, once threads share it, waits for an RCU grace period in the
+ * kernel (expand_fdtable: ~5 ms here), which a process's first connection
+ * then paid, between its connect() and its REQ, on both sides (a listener
+ * polled readable had nothing to accept yet: a select() loop's non-blocking
+ * accept raised BlockingIOError).  One dup and two closes, once.
+ */
+__attribute__((constructor)) static void prov_fd_table_early(void)
+{
+	int fd = eventfd(0, EFD_CLOEXEC), h;
+
+	if (fd < 0)
+		return;
+	h = fcntl(fd, F_DUPFD_CLOEXEC, (int)prov_fd_base());
+	if (h >= 0)
+		close(h);
+	close(fd);
 }
 
 /* A new client arena for key (header only: no chunk yet), on the list;
