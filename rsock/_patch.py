@@ -125,8 +125,9 @@ def counters() -> dict[str, int]:
     the patched class created), ``connect:<provider>`` and
     ``accept:<provider>`` (every connection of an rsock socket while patched,
     once, whatever the API), ``refused:tcp``, ``kernel:tcp`` (TCP sockets of a
-    module in _KERNEL_ONLY), ``asyncio:<method>`` (loop calls routed to
-    rsock.asyncio: ``create_connection``, ``create_server``,
+    module in _KERNEL_ONLY, or of a subclass of the patched class),
+    ``asyncio:<method>`` (loop calls routed to rsock.asyncio:
+    ``create_connection``, ``create_server``,
     ``connect_accepted_socket``, ``start_tls``, ``sock_connect``)."""
     with _counts_lock:
         return dict(_counts)
@@ -238,7 +239,11 @@ class socket(_Std, metaclass=_SocketMeta):
     ) -> Any:
         if cls is not socket:
             # a subclass (ssl.SSLSocket imported under the patch, user classes):
-            # an ordinary stdlib socket; its __init__ runs as usual
+            # an ordinary stdlib socket; its __init__ runs as usual.  A new
+            # TCP one (PySocks' socksocket) is a kernel connection: a report
+            # shows it (ssl's adopt an fd: not new)
+            if _active and _wants_rsock(family, type, proto, fileno):
+                _note("kernel:tcp")
             return super().__new__(cls)
         why = _stays_stdlib() if _active else "rsock"
         ours = not why

@@ -190,17 +190,25 @@ def test_isinstance_and_issubclass(patched: None) -> None:
 
 
 def test_subclass_defined_under_patch_is_a_stdlib_socket(patched: None) -> None:
+    """A subclass's sockets are stdlib ones; a new TCP one counts as
+    kernel:tcp (PySocks' socksocket went over TCP unreported)."""
+
     class Mine(socket.socket):  # type: ignore[misc, valid-type]
         def hello(self) -> str:
             return "mine"
 
+    before = _patch.counters().get("kernel:tcp", 0)
     with Mine(socket.AF_INET, socket.SOCK_STREAM) as s:
         assert type(s) is Mine and s.hello() == "mine"
         assert isinstance(s, STD_SOCKET) and isinstance(s, socket.socket)
         s.bind(("127.0.0.1", 0))
         assert s.getsockname()[0] == "127.0.0.1"
+    assert _patch.counters().get("kernel:tcp", 0) == before + 1
     with STD_SOCKET(socket.AF_UNIX) as u:
         assert not isinstance(u, Mine)
+    with Mine(socket.AF_UNIX, socket.SOCK_STREAM):
+        pass
+    assert _patch.counters().get("kernel:tcp", 0) == before + 1  # (not TCP)
 
 
 @pytest.mark.parametrize("family", ["tcp", "unix"])
