@@ -462,6 +462,12 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
 _SSL_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
     "ssl": {"SSLContext": ("wrap_socket",)},
 }
+# pyOpenSSL: a Connection on a socket does OpenSSL's I/O on its fd, which an rsock
+# connection's fileno() is not: refused with a clear error (the client's handshake
+# failed with EPIPE, the server's hung: its read took the fd's readiness token)
+_OPENSSL_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
+    "OpenSSL.SSL": {"Connection": ("__init__",)},
+}
 # trio: its socket wrapper takes only ``type(sock) is socket.socket``
 _TRIO_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
     "trio._socket": {"_SocketType": ("__init__",)},
@@ -480,6 +486,7 @@ _TRIO_IO: dict[str, dict[str, tuple[str, ...]]] = {
 _HOOKED: dict[str, dict[str, tuple[str, ...]]] = {
     **_LOOP_METHODS,
     **_SSL_METHODS,
+    **_OPENSSL_METHODS,
     **_TRIO_METHODS,
     **_TRIO_WAKEUP,
     **_TRIO_IO,
@@ -1287,6 +1294,22 @@ def _wrap_ssl_wrap_socket(original: Any) -> Callable[..., Any]:
     return wrap_socket
 
 
+def _wrap_openssl_connection_init(original: Any) -> Callable[..., Any]:
+    @_wraps(original)
+    def __init__(self: Any, context: Any, socket: Any = None) -> None:
+        sock = _stands_for(socket)
+        if isinstance(sock, _rs.socket) and sock._tcp is None:
+            raise OSError(
+                errno.EOPNOTSUPP,
+                "pyOpenSSL's Connection does its I/O on the socket's fd, which is not an rsock "
+                "connection: use its memory BIOs (Connection(context, None)) or the ssl module "
+                "(see rsock's README, TLS on rsock sockets)",
+            )
+        original(self, context, socket)
+
+    return __init__
+
+
 # trio's _SocketType.__init__ (trio 0.35), whose names the wrapper checks
 # before it does the same without the type check
 _TRIO_INIT_NAMES = frozenset(
@@ -1641,6 +1664,7 @@ def _wrap_trio_io_close(original: Any) -> Callable[..., Any]:
 # keyed by method name, or "Class.name" where two hooked classes share a name
 _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "__init__": _wrap_trio_socket_init,
+    "Connection.__init__": _wrap_openssl_connection_init,
     "wakeup_on_signals": _wrap_trio_wakeup_on_signals,
     "WakeupSocketpair.close": _wrap_trio_wakeup_close,
     "EpollIOManager.close": _wrap_trio_io_close,

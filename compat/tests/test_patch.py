@@ -1169,3 +1169,101 @@ def test_a_connection_fd_handed_to_another_process(kind: str, tmp_path: Path) ->
             "listener 1",
             "",
         ]
+
+
+_PYOPENSSL_ON_SOCKETS = """
+import errno, socket, threading
+from OpenSSL import SSL
+
+server_ctx = SSL.Context(SSL.TLS_METHOD)
+server_ctx.use_certificate_file({certfile!r})
+server_ctx.use_privatekey_file({keyfile!r})
+client_ctx = SSL.Context(SSL.TLS_METHOD)
+with socket.create_server(("127.0.0.1", 0)) as listener:
+    out = {{}}
+    def serve():
+        conn, _ = listener.accept()  # (blocking: pyOpenSSL's fd I/O)
+        try:
+            tls = SSL.Connection(server_ctx, conn)
+        except OSError as e:
+            out["server"] = errno.errorcode[e.errno]
+            conn.close()
+            return
+        tls.set_accept_state()
+        tls.do_handshake()
+        tls.sendall(tls.recv(100).upper())
+        tls.shutdown()
+        out["server"] = "ok"
+        conn.close()
+    t = threading.Thread(target=serve)
+    t.start()
+    sock = socket.create_connection(listener.getsockname())
+    try:
+        tls = SSL.Connection(client_ctx, sock)
+    except OSError as e:
+        client = errno.errorcode[e.errno]
+    else:
+        tls.set_connect_state()
+        tls.do_handshake()
+        tls.sendall(b"ping")
+        client = tls.recv(100).decode()
+    t.join(20)
+    sock.close()
+    print("client", client, "server", out.get("server"))
+
+    # memory BIOs (as Twisted uses pyOpenSSL) work on any socket
+    def serve_bio():
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        tls = SSL.Connection(server_ctx, None)
+        tls.set_accept_state()
+        pump(tls, conn, lambda: tls.do_handshake())
+        data = pump(tls, conn, lambda: tls.recv(100))
+        tls.send(data.upper())
+        conn.sendall(tls.bio_read(65536))
+        conn.close()
+    def pump(tls, sock, step):
+        while True:
+            try:
+                return step()
+            except SSL.WantReadError:
+                try:
+                    pending = tls.bio_read(65536)
+                except SSL.WantReadError:
+                    pending = b""
+                if pending:
+                    sock.sendall(pending)
+                tls.bio_write(sock.recv(65536))
+    t = threading.Thread(target=serve_bio)
+    t.start()
+    sock = socket.create_connection(listener.getsockname(), timeout=10)
+    tls = SSL.Connection(client_ctx, None)
+    tls.set_connect_state()
+    pump(tls, sock, lambda: tls.do_handshake())
+    tls.send(b"bio")
+    sock.sendall(tls.bio_read(65536))
+    print("memory bio", pump(tls, sock, lambda: tls.recv(100)).decode())
+    t.join(20)
+    sock.close()
+"""
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_pyopenssl_on_a_socket(kind: str, tmp_path: Path, cert: tuple[str, str]) -> None:
+    """pyOpenSSL's Connection on a socket does OpenSSL's I/O on its fd: over
+    TCP it works; an rsock connection's fileno() is not the connection, so
+    under the patch it is refused at once with EOPNOTSUPP (the client's
+    handshake failed with EPIPE and the server's hung: pyftpdlib's FTPS).
+    Its memory BIOs work on rsock sockets as on TCP's."""
+    pytest.importorskip("OpenSSL")  # (the compat extra installs it)
+    certfile, keyfile = cert
+    code = _PYOPENSSL_ON_SOCKETS.format(certfile=certfile, keyfile=keyfile)
+    out = run_as(kind, code, tmp_path, timeout=60)
+    if kind == "tcp":
+        assert out.split("\n") == ["client PING server ok", "memory bio BIO", ""], out
+    else:
+        assert out.split("\n") == [
+            "client ENOTSUP server ENOTSUP",  # (errno.errorcode names EOPNOTSUPP so)
+            "memory bio BIO",
+            "",
+        ], out
