@@ -365,6 +365,7 @@ class RsockTransport(transports._FlowControlMixin):
         # uvloop's own transports do (its handle is closed); asyncio's ignore
         self._on_uvloop = type(loop).__module__.partition(".")[0] == "uvloop"
         self._handle_closed = False
+        self._write_failing = False  # a send failed: _fail_after_reading is due
         self._empty_waiter: asyncio.Future[None] | None = None  # sendfile's
         self._buffered = isinstance(protocol, asyncio.BufferedProtocol)
         self._polled = False  # hot in the poller (the engine's polling mode)
@@ -548,7 +549,7 @@ class RsockTransport(transports._FlowControlMixin):
             if rc > 0:
                 data = (memoryview(data).cast("B") if isinstance(data, memoryview) else data)[rc:]
             elif rc not in (-errno.EAGAIN, -errno.EINTR):
-                self._fatal_error(self._watch.error(rc), "Fatal write error on rsock transport")
+                self._write_failed(self._watch.error(rc))
                 return
         self._ensure_alive()
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -600,9 +601,10 @@ class RsockTransport(transports._FlowControlMixin):
                 return 0
             if rc != -errno.EINTR:
                 exc = self._watch.error(rc)
-                self._fatal_error(exc, "Fatal write error on rsock transport")
                 if raise_fatal:
+                    self._fatal_error(exc, "Fatal write error on rsock transport")
                     raise exc
+                self._write_failed(exc)
                 return -1
 
     def _flush(self) -> None:
@@ -749,6 +751,35 @@ class RsockTransport(transports._FlowControlMixin):
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         return self._protocol
+
+    def _write_failed(self, exc: OSError) -> None:
+        """A send failed.  A peer that reset (or aborted with our data unread,
+        as a server that answers an upload early and closes does) may have
+        sent bytes first: as the kernel keeps them readable after a reset,
+        and asyncio's loops run a socket's reader before its writer, the
+        protocol gets them before the error (they were lost: an aiohttp
+        POST to a server that answered 501 early got BrokenPipeError instead
+        of the 501).  From the loop, not from inside write()."""
+        if self._write_failing:
+            return  # (already due)
+        if (
+            isinstance(exc, (ConnectionResetError, BrokenPipeError))
+            and self._reading
+            and not self._eof
+            and not self._conn_lost
+        ):
+            self._write_failing = True
+            self._buffer.clear()
+            self._buffer_size = 0
+            self._loop.call_soon(self._fail_after_reading, exc)
+            return
+        self._fatal_error(exc, "Fatal write error on rsock transport")
+
+    def _fail_after_reading(self, exc: OSError) -> None:
+        if self._reading and not self._eof and not self._conn_lost:
+            self._read_ready()
+        if not self._conn_lost:
+            self._fatal_error(exc, "Fatal write error on rsock transport")
 
     def _fatal_error(self, exc: BaseException, message: str) -> None:
         if not isinstance(exc, OSError):

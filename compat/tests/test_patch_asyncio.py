@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.base_events
 import asyncio.selector_events
+import functools
 import gc
 import inspect
 import io
@@ -1343,3 +1344,71 @@ def test_writes_after_the_connection_was_lost(kind: str, loop_name: str) -> None
     else:
         lost = [c.replace("closing", "lost") for c in closing]
     assert out == closing + lost
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_an_early_answer_of_a_peer_that_aborts_an_upload(kind: str, loop_name: str) -> None:
+    """A server that answers an upload early and closes with the rest unread
+    (http.server's 501 to a POST, a 413): the client's protocol gets the
+    answer, then connection_lost with the reset, as over TCP (the kernel
+    keeps received bytes readable after a reset).  rsock's transport lost
+    the answer: its next send met the reset first (an aiohttp POST got
+    BrokenPipeError instead of the 501)."""
+    import threading
+
+    if kind == "rsock":
+        rsock.patch()
+    try:
+        listener = socket.create_server(("127.0.0.1", 0))
+
+        def serve() -> None:
+            for _ in range(3):
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"RESPONSE-501\n")
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+
+        class Upload(asyncio.Protocol):
+            def __init__(self, done: asyncio.Future[tuple[bytes, str]]) -> None:
+                self.done = done
+                self.data = b""
+
+            def data_received(self, data: bytes) -> None:
+                self.data += data
+
+            def connection_lost(self, exc: BaseException | None) -> None:
+                self.done.set_result((self.data, type(exc).__name__))
+
+        async def main() -> list[tuple[bytes, str]]:
+            loop = asyncio.get_running_loop()
+            out = []
+            for size in (1 << 20, 4 << 20, 16 << 20):
+                done: asyncio.Future[tuple[bytes, str]] = loop.create_future()
+                transport, _ = await loop.create_connection(
+                    functools.partial(Upload, done), *listener.getsockname()
+                )
+                transport.write(b"x" * size)
+                out.append(await asyncio.wait_for(done, 20))
+            return out
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            if loop_name == "uvloop":
+                got = uvloop.run(asyncio.wait_for(main(), 60))
+            else:
+                got = asyncio.run(asyncio.wait_for(main(), 60))
+        t.join(20)
+        listener.close()
+    finally:
+        if kind == "rsock":
+            rsock.unpatch()
+    ended = {"ConnectionResetError", "BrokenPipeError"}
+    if kind == "rsock":
+        ended.add("NoneType")  # (README, differences: may read EOF after the answer)
+    for data, exc in got:
+        assert data == b"RESPONSE-501\n", got
+        assert exc in ended, got
