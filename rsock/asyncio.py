@@ -442,10 +442,14 @@ class RsockTransport(transports._FlowControlMixin):
         if self._reading and not self._eof and not self._closing:
             self._read_ready()
 
-    def _read_ready(self) -> None:
+    def _read_ready(self, drain: bool = False) -> None:
         # Raw engine calls (-errno, no exceptions on EAGAIN).  A short read
         # means the ring is empty: stop there, the engine keeps the fd
         # readable if more arrives (level-triggered), so nothing is missed.
+        # drain: only hand over what the ring holds (until it is empty, EOF
+        # or an error, which are left to the caller: _fail_after_reading)
+        if self._write_failing and not drain:
+            return  # (_fail_after_reading is due: it reads, then reports)
         addr = self._handle.addr
         for _ in range(_READS_PER_WAKEUP):
             if not self._reading or self._conn_lost:
@@ -474,7 +478,7 @@ class RsockTransport(transports._FlowControlMixin):
                             exc, "Fatal error: protocol.buffer_updated() call failed."
                         )
                         return
-                    if n < size:
+                    if n < size and not drain:
                         return
                     continue
             else:
@@ -491,19 +495,20 @@ class RsockTransport(transports._FlowControlMixin):
                                 exc, "Fatal error: protocol.data_received() call failed."
                             )
                             return
-                        if n < _MORE_AFTER:
+                        if n < _MORE_AFTER and not drain:
                             return  # a small read: the ring is most likely empty
                         continue  # (a large one: more is often on its way)
                 else:
                     n = r
+            if n == -errno.EINTR:
+                continue
+            if drain or n == -errno.EAGAIN:
+                return
             if n == 0:
                 self._read_eof()
                 return
-            if n == -errno.EAGAIN:
-                return
-            if n != -errno.EINTR:
-                self._fatal_error(self._watch.error(n), "Fatal read error on rsock transport")
-                return
+            self._fatal_error(self._watch.error(n), "Fatal read error on rsock transport")
+            return
 
     def _read_eof(self) -> None:
         self._eof = True
@@ -776,8 +781,10 @@ class RsockTransport(transports._FlowControlMixin):
         self._fatal_error(exc, "Fatal write error on rsock transport")
 
     def _fail_after_reading(self, exc: OSError) -> None:
+        # (the engine reported the error to the send: a read after the data
+        # would say EOF, so the send's error is what the protocol gets)
         if self._reading and not self._eof and not self._conn_lost:
-            self._read_ready()
+            self._read_ready(drain=True)
         if not self._conn_lost:
             self._fatal_error(exc, "Fatal write error on rsock transport")
 
