@@ -712,28 +712,37 @@ int eng_fd_make(rsk_sock *s)
 	return s->fa;
 }
 
-/* RSK_WATCH_FD came on while fa is a stand-in (eng_fd_make): a socketpair's
- * first end takes its number (with any poller's registration of it, as
- * eng_fd_renew's does).  0 or -errno (fa stays the stand-in). */
-static int eng_fd_exact(rsk_sock *s)
+/* A new socketpair whose first end takes fa's number (with any poller's
+ * registration of it) and whose second becomes fb; 0, or -errno with fa as
+ * it was and no fb. */
+static int eng_fd_pair_onto(rsk_sock *s)
 {
 	int fa = s->fa, a, rc;
 
 	if ((a = eng_fd_pair(s)) < 0) {
 		s->fa = fa;
+		s->fb = -1;
 		return a;
 	}
-	if ((rc = eng_fd_dup_onto(a, fa)) < 0) {
-		close(a);
+	rc = eng_fd_dup_onto(a, fa);
+	close(a);
+	if (rc < 0) {
 		close(s->fb);
 		s->fb = -1;
-		s->fa = fa;
-		return rc;
 	}
-	close(a);
 	s->fa = fa;
-	s->stand_in = 0;
-	return 0;
+	return rc;
+}
+
+/* RSK_WATCH_FD came on while fa is a stand-in (eng_fd_make): a socketpair
+ * on its number.  0 or -errno (fa stays the stand-in). */
+static int eng_fd_exact(rsk_sock *s)
+{
+	int rc = eng_fd_pair_onto(s);
+
+	if (!rc)
+		s->stand_in = 0;
+	return rc;
 }
 
 /* After rsk_set_refused, the next connect or listen needs a live fa: a new
@@ -742,28 +751,16 @@ static int eng_fd_exact(rsk_sock *s)
  * yet, there is nothing to renew. */
 int eng_fd_renew(rsk_sock *s)
 {
-	int fa = s->fa, a, rc = 0;
+	int rc;
 
 	if (!s->refused)
 		return 0;
 	s->refused = 0;
-	if (fa < 0)
+	if (s->fa < 0)
 		return 0;
-	if ((a = eng_fd_pair(s)) < 0 || (rc = eng_fd_dup_onto(a, fa)) < 0) {
-		if (a < 0) {
-			rc = a;
-		} else {
-			close(a);
-			close(s->fb);
-		}
-		s->fa = fa;
-		s->fb = -1;
+	if ((rc = eng_fd_pair_onto(s)) < 0)
 		s->refused = 1;
-		return rc;
-	}
-	close(a);
-	s->fa = fa;
-	return 0;
+	return rc;
 }
 
 /* ------------------------------------------------------- polling mode */
