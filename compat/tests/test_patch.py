@@ -1255,7 +1255,6 @@ def test_pyopenssl_on_a_socket(kind: str, tmp_path: Path, cert: tuple[str, str])
     under the patch it is refused at once with EOPNOTSUPP (the client's
     handshake failed with EPIPE and the server's hung: pyftpdlib's FTPS).
     Its memory BIOs work on rsock sockets as on TCP's."""
-    pytest.importorskip("OpenSSL")  # (the compat extra installs it)
     certfile, keyfile = cert
     code = _PYOPENSSL_ON_SOCKETS.format(certfile=certfile, keyfile=keyfile)
     out = run_as(kind, code, tmp_path, timeout=60)
