@@ -174,8 +174,10 @@ void eng_check_live(rsk_sock *s)
 		eng_fail(s, ECONNRESET, 1,
 			 "protocol violation: a record on the liveness "
 			 "channel that is neither a bell nor a refusal");
-	else if (!(s->p.flags & F_PEER_FIN) && !(s->p.flags & F_DEAD))
-		eng_fail(s, ECONNRESET, 0, "peer vanished without closing");
+	else if (!(s->p.flags & F_PEER_FIN) && !(s->p.flags & F_DEAD)) {
+		proto_vanished(&s->p);
+		eng_wake_due(s);
+	}
 }
 
 void eng_ack(rsk_sock *s)

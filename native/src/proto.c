@@ -35,6 +35,8 @@ void proto_fail(struct proto *p, int err, int tell_peer, const char *fmt, ...)
 		return;
 	if (tell_peer && p->pers->ctrl_room(p, 0))
 		(void)p->pers->post_ctrl(p, OP_RESET);
+	if (p->ops->publish_consumed) /* should we vanish now: a reset */
+		p->ops->publish_consumed(p->qp, UINT64_MAX);
 	p->flags |= F_DEAD;
 	p->err = err;
 	p->so_error = err;
@@ -107,6 +109,23 @@ void proto_flush(struct proto *p)
 		p->pending &= ~P_FIN;
 }
 
+void proto_vanished(struct proto *p)
+{
+	uint64_t consumed;
+
+	p->flags |= F_PEER_GONE;
+	p->wake = 1;
+	if (p->flags & (F_DEAD | F_PEER_FIN))
+		return;
+	if (p->ops->peer_consumed && !p->ops->peer_consumed(p->qp, &consumed) &&
+	    consumed == p->s_tail) {
+		/* nothing of ours was left unread: the end a FIN gives */
+		p->flags |= F_PEER_FIN;
+		return;
+	}
+	proto_fail(p, ECONNRESET, 0, "peer vanished without closing");
+}
+
 int proto_complete(struct proto *p, const struct prov_wc *wc, int hup)
 {
 	if (p->flags & F_DEAD)
@@ -121,8 +140,7 @@ int proto_complete(struct proto *p, const struct prov_wc *wc, int hup)
 	if (wc->status == -ESHUTDOWN && hup) {
 		/* the fence after a hang-up: everything the peer delivered
 		 * came first, and there was no FIN */
-		p->flags |= F_PEER_GONE;
-		proto_fail(p, ECONNRESET, 0, "peer vanished without closing");
+		proto_vanished(p);
 		return 1;
 	}
 	if (wc->status) {
@@ -158,6 +176,8 @@ int proto_send(struct proto *p, const void *buf, uint32_t n)
 void proto_consume(struct proto *p, size_t n)
 {
 	p->r_head += n;
+	if (p->ops->publish_consumed)
+		p->ops->publish_consumed(p->qp, p->r_head);
 	if (p->pers->consumed(p))
 		proto_flush(p);
 }

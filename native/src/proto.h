@@ -224,6 +224,14 @@ void proto_fail(struct proto *p, int err, int tell_peer, const char *fmt, ...)
  * the caller stops watching its liveness channel), else 0.
  */
 int proto_complete(struct proto *p, const struct prov_wc *wc, int hup);
+/*
+ * The peer is gone with no FIN (its process died, or exited without
+ * closing: the liveness channel hung up).  TCP's kernel closes a dead
+ * process's socket for it, with a FIN if it had nothing unread, else a
+ * reset: the same here when the provider can tell (shm: the peer published
+ * what its application consumed), else a reset.  Sets F_PEER_GONE.
+ */
+void proto_vanished(struct proto *p);
 /* Send what control traffic is due and the credit reserve allows. */
 void proto_flush(struct proto *p);
 

@@ -103,6 +103,14 @@ struct prov_ops {
 	 * cannot: the peer wrote it into our CQ ring before its socket
 	 * closed.)  NULL: never. */
 	int (*completions_lag)(struct prov_qp *qp);
+	/* Publish how many data bytes our application has consumed (after
+	 * every receive) where the peer can read it should we vanish without
+	 * closing.  NULL: the provider cannot (verbs: the peer's memory is
+	 * gone with it). */
+	void (*publish_consumed)(struct prov_qp *qp, uint64_t consumed);
+	/* What the peer published (0), untrusted; -ENOENT if it never took
+	 * its half (a server that died before accept()).  NULL: cannot. */
+	int (*peer_consumed)(struct prov_qp *qp, uint64_t *consumed);
 	void (*destroy)(struct prov_qp *qp);
 };
 

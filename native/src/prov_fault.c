@@ -528,6 +528,18 @@ static uint64_t fault_notifies_sent(struct prov_qp *q)
 	return q->io->notifies_sent(q->iq);
 }
 
+static void fault_publish_consumed(struct prov_qp *q, uint64_t consumed)
+{
+	if (q->io->publish_consumed)
+		q->io->publish_consumed(q->iq, consumed);
+}
+
+static int fault_peer_consumed(struct prov_qp *q, uint64_t *consumed)
+{
+	return q->io->peer_consumed ? q->io->peer_consumed(q->iq, consumed)
+				    : -ENOENT;
+}
+
 /* Only the delay fault makes completions lag behind the peer's end. */
 static int fault_completions_lag(struct prov_qp *q)
 {
@@ -566,6 +578,8 @@ static const struct prov_ops fault_ops_tmpl = {
 	.owner_word = fault_owner_word,
 	.notifies_sent = fault_notifies_sent,
 	.completions_lag = fault_completions_lag,
+	.publish_consumed = fault_publish_consumed,
+	.peer_consumed = fault_peer_consumed,
 	.destroy = fault_destroy,
 };
 

@@ -65,6 +65,12 @@ struct shm_hdr {
 	_Alignas(CL) uint32_t armed;   /* owner sets, peer clears */
 	_Alignas(CL) uint32_t owner_pid; /* the process using our half (fork) */
 	_Alignas(CL) uint32_t bell; /* owner: wake me by a bell, not my eventfd */
+	/* owner: data bytes its application consumed, stored at every receive,
+	 * and 1 in `owned` once it has the half: what the peer reads if the
+	 * owner vanishes (nothing of ours unread: an orderly end, as TCP's
+	 * kernel closes a dead process's socket with a FIN) */
+	_Alignas(CL) uint64_t consumed;
+	uint32_t owned;
 };
 
 _Static_assert(sizeof(struct shm_hdr) <= SHM_CQ_OFF, "header too large");
@@ -164,6 +170,7 @@ static int seg_new(uint32_t ring_size, uint32_t qdepth, uint8_t **base)
 	h->magic = SHM_MAGIC;
 	h->ring_size = ring_size;
 	h->qdepth = qdepth;
+	h->owned = 1; /* (a half made for the peer: shm_half_create clears it) */
 	*base = p;
 	return fd;
 fail:
@@ -220,8 +227,10 @@ int shm_half_create(uint32_t ring_size, uint32_t qdepth, int *memfd)
 	fd = seg_new(ring_size, qdepth, &base);
 	if (fd < 0)
 		return fd;
-	/* every receive of the future owner is posted from the start */
+	/* every receive of the future owner is posted from the start; it
+	 * owns the half once it adopts it */
 	((struct shm_hdr *)base)->rq_prod = qdepth;
+	((struct shm_hdr *)base)->owned = 0;
 	munmap(base, seg_size(ring_size, qdepth));
 	*memfd = fd;
 	return 0;
@@ -414,6 +423,8 @@ static void qp_take_posted(struct prov_qp *qp, uint32_t qdepth)
 	__atomic_store_n(&qp->l.hdr->rq_prod, qdepth, __ATOMIC_RELEASE);
 	__atomic_store_n(&qp->l.hdr->cq_cons, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->consumed, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->owned, 1, __ATOMIC_RELEASE);
 }
 
 int shm_qp_adopt(uint32_t ring_size, uint32_t qdepth, int memfd,
@@ -679,6 +690,20 @@ static void shm_destroy(struct prov_qp *qp)
 	free(qp);
 }
 
+static void shm_publish_consumed(struct prov_qp *qp, uint64_t consumed)
+{
+	__atomic_store_n(&qp->l.hdr->consumed, consumed, __ATOMIC_RELEASE);
+}
+
+static int shm_peer_consumed(struct prov_qp *qp, uint64_t *consumed)
+{
+	if (!qp->r.hdr ||
+	    !__atomic_load_n(&qp->r.hdr->owned, __ATOMIC_ACQUIRE))
+		return -ENOENT;
+	*consumed = __atomic_load_n(&qp->r.hdr->consumed, __ATOMIC_ACQUIRE);
+	return 0;
+}
+
 const struct prov_ops shm_ops = {
 	.name = "shm",
 	.post_recv = shm_post_recv,
@@ -695,6 +720,8 @@ const struct prov_ops shm_ops = {
 	.set_bell = shm_set_bell,
 	.owner_word = shm_owner_word,
 	.notifies_sent = shm_notifies_sent,
+	.publish_consumed = shm_publish_consumed,
+	.peer_consumed = shm_peer_consumed,
 	.destroy = shm_destroy,
 };
 
@@ -1110,6 +1137,7 @@ static void ar_half_init(uint8_t *base, uint32_t ring_size, uint32_t qdepth,
 	h->ring_size = ring_size;
 	h->qdepth = qdepth;
 	h->rq_prod = posted ? qdepth : 0;
+	h->owned = !posted; /* the client's own half; the server's once taken */
 }
 
 /* A slot for the client, in an arena of key's (grown, or made, if none

@@ -857,6 +857,63 @@ static void t_fork_creator_keeps(void)
 	rsk_free(b);
 }
 
+/* A peer whose process exits without closing (a crash, _exit): as TCP's
+ * kernel closes a dead process's socket, the end is a FIN when it had
+ * nothing of ours unread (its data, then EOF; a second send fails with
+ * EPIPE), else a reset (its data first, then ECONNRESET). */
+static void t_vanish(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	struct rsk_addr x = { .family = AF_INET, .port = 9 };
+	struct rsk_addr src, dst;
+	int unread;
+
+	for (unread = 0; unread < 2; unread++) {
+		rsk_sock *l, *a;
+		char buf[16];
+		pid_t pid;
+		int st;
+
+		CHECK_EQ(rsk_socket(&l), 0);
+		CHECK_EQ(rsk_listen(l, "rsock-ctest/van", 15, 4), 0);
+		pid = fork();
+		if (pid == 0) {
+			rsk_sock *c;
+			int ok = !rsk_socket(&c) && !rsk_set_opts(c, &o) &&
+				 !rsk_connect(c, "rsock-ctest/van", 15, &x,
+					      &x, 2000) &&
+				 rsk_send(c, "hello", 5, 0, 0) == 5;
+			int64_t until = 0;
+
+			/* our data arrived: read it, or leave it unread */
+			while (ok && !(rsk_poll(c) & RSK_POLLIN) &&
+			       until++ < 2000000)
+				usleep(1);
+			if (ok && !unread)
+				ok = rsk_recv(c, buf, 3, RSK_F_WAITALL, 2000) ==
+				     3;
+			_exit(ok ? 0 : 1); /* no close */
+		}
+		CHECK(pid > 0);
+		CHECK_EQ(rsk_accept(l, 2000, &a, &src, &dst), 0);
+		CHECK_EQ(rsk_send(a, "abc", 3, 0, 0), 3);
+		CHECK_EQ(waitpid(pid, &st, 0), pid);
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), 5);
+		CHECK(!memcmp(buf, "hello", 5));
+		if (unread) {
+			CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 2000),
+				 -ECONNRESET);
+		} else {
+			CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 2000), 0);
+			CHECK_EQ(rsk_send(a, "late", 4, 0, 0), 4); /* dropped */
+			CHECK_EQ(rsk_send(a, "late", 4, 0, 0), -EPIPE);
+		}
+		rsk_free(a);
+		rsk_free(l);
+	}
+}
+
 /* As with TCP, connect() completes from the listen queue: one thread can
  * connect, send, and only then accept. */
 static void t_connect_before_accept(void)
@@ -1163,6 +1220,7 @@ int main(void)
 	RUN(t_echo);
 	RUN(t_refused);
 	RUN(t_connect_before_accept);
+	RUN(t_vanish);
 	RUN(t_garbage_client);
 	RUN(t_listen_external_fd);
 	RUN(t_fileno_onto);
