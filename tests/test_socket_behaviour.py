@@ -583,6 +583,41 @@ def test_o_nonblock_set_through_the_fd(pair: Pair, sockmod: ModuleType) -> None:
     f.close()
 
 
+def test_many_small_sends_queue_by_the_byte(pair: Pair) -> None:
+    """A non-blocking sender's small sends to a peer that reads nothing yet
+    queue up by the byte, as TCP's do: 5,000 four-byte replies (fakeredis
+    answering a redis-py pipeline of as many commands, one sendall each,
+    before the client reads) all go in, and the peer then reads them all, in
+    order.  rsock's stopped at its message credits (254 messages:
+    BlockingIOError, and fakeredis dropped the connection)."""
+    client, server = pair
+    server.setblocking(False)
+    for i in range(5000):
+        server.sendall(b"%04d" % i)
+    client.settimeout(10)
+    assert recv_exact(client, 20000) == b"".join(b"%04d" % i for i in range(5000))
+
+
+def test_small_sends_do_not_wait_for_a_peer_busy_elsewhere(pair: Pair) -> None:
+    """A blocking sender's 3,000 small messages all go out while the peer is
+    busy elsewhere (it reads once the sender says, through another channel,
+    that it is done): a TCP sender never waits here; rsock's waited for the
+    peer's reads after 254 messages, so the two waited for each other."""
+    client, server = pair
+    done = threading.Event()
+
+    def produce() -> None:
+        for i in range(3000):
+            server.sendall(b"m%05d\n" % i)
+        done.set()
+
+    producer = Background(produce, name="producer")
+    assert done.wait(10), "the sender waited for a peer that reads only after it is done"
+    client.settimeout(10)
+    assert recv_exact(client, 3000 * 7) == b"".join(b"m%05d\n" % i for i in range(3000))
+    producer.result()
+
+
 # --------------------------------------------------------------------------- a peer dies
 
 

@@ -189,7 +189,7 @@ int cm_parse_reject(const void *buf, size_t len, char *detail, size_t dlen);
 #define CM_MSG_LEN 80
 /* The local handshake's version (PROTOCOL.md, section 6): 2 since the
  * liveness socket carries the bells (no eventfds in the REQ). */
-#define CM_LOCAL_VERSION 2
+#define CM_LOCAL_VERSION 3
 
 /* --- the rdma manager (cm_rdma.c) ------------------------------------- */
 

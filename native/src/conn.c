@@ -533,10 +533,10 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 		if ((rc = send_error(s, done > 0)))
 			break;
 		n = proto_send_room(&s->p, &credit_stall);
+		if (credit_stall) /* (a plain write, or a wait) */
+			s->st.credit_stalls++;
 		if (n == 0) {
-			if (credit_stall)
-				s->st.credit_stalls++;
-			else
+			if (!credit_stall)
 				s->st.space_stalls++;
 			if (done && (nb || (flags & RSK_F_PARTIAL)))
 				break;

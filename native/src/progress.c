@@ -62,6 +62,8 @@ int eng_progress(rsk_sock *s)
 		total += n;
 	} while (n == WC_BATCH && !(s->p.flags & F_DEAD));
 	s->st.completions += (uint64_t)total;
+	if (!(s->p.flags & F_DEAD))
+		total += proto_take_written(&s->p);
 	proto_flush(&s->p);
 	if (total)
 		s->p.wake = 1;

@@ -304,8 +304,14 @@ static uint32_t rk_send_room(const struct proto *p, int *credit_stall)
 	if (space == 0)
 		return 0;
 	if (proto_credits(p) <= CREDIT_RESERVE) {
+		/* The peer has not taken in our last messages yet.  A TCP
+		 * sender's small writes queue by the byte, not by the count:
+		 * with a provider that has plain writes, the bytes go into
+		 * the ring all the same, and the peer reads the position we
+		 * publish (section 4 of PROTOCOL.md); else wait. */
 		*credit_stall = 1;
-		return 0;
+		if (!p->ops->post_write_plain)
+			return 0;
 	}
 	return space;
 }
@@ -313,10 +319,77 @@ static uint32_t rk_send_room(const struct proto *p, int *credit_stall)
 static int rk_post_data(struct proto *p, const void *buf, uint32_t n)
 {
 	struct iovec iov = { .iov_base = (void *)buf, .iov_len = n };
+	uint64_t roff = p->peer_ring_off + ring_off(p->s_tail, p->peer_rsize);
+	int rc;
 
-	return rk_post(p, &iov, 1,
-		       p->peer_ring_off + ring_off(p->s_tail, p->peer_rsize),
-		       IMM(OP_DATA, n), n <= p->inline_max);
+	if (p->s_announced != p->s_tail && proto_credits(p) > CREDIT_RESERVE) {
+		/* plain writes first: the next message's bytes follow them */
+		rc = rk_post(p, NULL, 0, 0,
+			     IMM(OP_WRITTEN, p->s_tail - p->s_announced), 0);
+		if (rc)
+			return rc;
+		p->s_announced = p->s_tail;
+	}
+	if (proto_credits(p) <= CREDIT_RESERVE) {
+		rc = p->ops->post_write_plain(p->qp, &iov, 1, roff, p->s_tail + n);
+		if (rc)
+			proto_fail(p, ECONNRESET, 0,
+				   "provider %s: plain write failed (%s)",
+				   p->ops->name, strerror(-rc));
+		return rc;
+	}
+	rc = rk_post(p, &iov, 1, roff, IMM(OP_DATA, n), n <= p->inline_max);
+	if (!rc)
+		p->s_announced = p->s_tail + n;
+	return rc;
+}
+
+/* A message announced len bytes at r_msg_tail (DATA: its own; WRITTEN:
+ * the peer's plain writes'): they must lie in the ring's window, and a
+ * DATA message's in one piece.  Bytes below r_tail came in already through
+ * the position the peer published: not counted twice.  0, or -1 (a
+ * violation). */
+static int rk_announced(struct proto *p, uint64_t len, int whole)
+{
+	uint64_t end = p->r_msg_tail + len;
+
+	if (len == 0 || end > p->r_head + p->rsize ||
+	    (whole && ring_off(p->r_msg_tail, p->rsize) + len > p->rsize))
+		return -1;
+	p->r_msg_tail = end;
+	if (end > p->r_tail) {
+		p->st->rx_bytes += end - p->r_tail;
+		p->r_tail = end;
+	}
+	return 0;
+}
+
+int proto_take_written(struct proto *p)
+{
+	uint64_t w;
+
+	if (!p->ops->peer_written || p->pers != &proto_rsock ||
+	    (p->flags & F_DEAD))
+		return 0;
+	w = p->ops->peer_written(p->qp);
+	if (w <= p->r_tail)
+		return 0; /* (nothing new: an older position) */
+	if (w > p->r_head + p->rsize) {
+		proto_fail(p, ECONNRESET, 1,
+			   "protocol violation: plain writes up to %llu, the "
+			   "ring holds up to %llu",
+			   (unsigned long long)w,
+			   (unsigned long long)(p->r_head + p->rsize));
+		return 1;
+	}
+	if (p->flags & F_PEER_FIN) {
+		proto_fail(p, ECONNRESET, 1, "protocol violation: data after FIN");
+		return 1;
+	}
+	p->st->rx_bytes += w - p->r_tail;
+	p->r_tail = w;
+	p->wake = 1;
+	return 1;
 }
 
 /* Byte credits are due once half the ring was consumed since the last
@@ -372,12 +445,11 @@ static void rk_on_recv(struct proto *p, const struct prov_wc *wc)
 	}
 	p->r_reposted++;
 
-	if (op == OP_DATA) {
-		if (arg != wc->byte_len ||
-		    !ring_msg_fits(p->r_head, p->r_tail, p->rsize, arg)) {
+	if (op == OP_DATA || op == OP_WRITTEN) {
+		if (op == OP_DATA ? arg != wc->byte_len : wc->byte_len != 0) {
 			proto_fail(p, ECONNRESET, 1,
-				   "protocol violation: data message of %u bytes "
-				   "(imm %u) does not fit the ring",
+				   "protocol violation: %s message of %u bytes "
+				   "(imm %u)", op == OP_DATA ? "data" : "written",
 				   wc->byte_len, arg);
 			return;
 		}
@@ -386,9 +458,14 @@ static void rk_on_recv(struct proto *p, const struct prov_wc *wc)
 				   "protocol violation: data after FIN");
 			return;
 		}
-		p->r_tail += arg;
+		if (rk_announced(p, arg, op == OP_DATA)) {
+			proto_fail(p, ECONNRESET, 1,
+				   "protocol violation: %s message of %u bytes "
+				   "does not fit the ring",
+				   op == OP_DATA ? "data" : "written", arg);
+			return;
+		}
 		p->st->rx_msgs++;
-		p->st->rx_bytes += arg;
 		return;
 	}
 	if (op > OP_KEEPALIVE || arg != 0 || wc->byte_len != sizeof(m)) {
@@ -408,9 +485,12 @@ static void rk_on_recv(struct proto *p, const struct prov_wc *wc)
 	rk_apply_ctrl(p, &m);
 	if (p->flags & F_DEAD)
 		return;
-	if (op == OP_FIN)
-		p->flags |= F_PEER_FIN;
-	else if (op == OP_RESET && (p->flags & F_PEER_FIN))
+	if (op == OP_FIN) {
+		/* the peer's plain writes, all of them before its FIN */
+		proto_take_written(p);
+		if (!(p->flags & F_DEAD))
+			p->flags |= F_PEER_FIN;
+	} else if (op == OP_RESET && (p->flags & F_PEER_FIN))
 		/* after its FIN, as Linux TCP takes an RST in CLOSE_WAIT: reads
 		 * keep their EOF, sends fail with EPIPE */
 		proto_fail(p, EPIPE, 0, "the peer aborted the connection after its FIN");

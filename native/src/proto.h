@@ -40,6 +40,8 @@ enum eng_op {
 	OP_FIN = 2,       /* ctrl slot: credits; no more data follows */
 	OP_RESET = 3,     /* ctrl slot: credits; abortive close */
 	OP_KEEPALIVE = 4, /* ctrl slot: credits; nothing else */
+	OP_WRITTEN = 5,   /* arg = bytes our plain writes put in the ring
+			   * since the last message (no payload) */
 };
 
 /* What a control message writes into the peer's ctrl slot. */
@@ -177,6 +179,8 @@ struct proto {
 	/* receive side */
 	uint64_t r_head;     /* consumed by the app */
 	uint64_t r_tail;     /* written by the peer (completed) */
+	uint64_t r_msg_tail; /* the end of what the peer's messages announced
+			      * (r_tail may be ahead: its plain writes) */
 	uint64_t r_credited; /* r_head last told to the peer */
 	uint32_t r_msgs;     /* messages received (ctrl slot index) */
 	uint32_t r_reposted; /* receives posted in total */
@@ -184,6 +188,8 @@ struct proto {
 
 	/* send side */
 	uint64_t s_tail;  /* bytes written into the peer's ring */
+	uint64_t s_announced; /* ... of them announced by messages (the rest:
+			       * plain writes, its message credits spent) */
 	uint64_t s_acked; /* bytes the peer's app consumed */
 	uint32_t s_msgs;  /* messages sent (any op) */
 	uint32_t s_limit; /* may send seq < s_limit */
@@ -232,6 +238,9 @@ int proto_complete(struct proto *p, const struct prov_wc *wc, int hup);
  * what its application consumed), else a reset.  Sets F_PEER_GONE.
  */
 void proto_vanished(struct proto *p);
+/* Take in the bytes the peer's plain writes put in our ring (the position
+ * it published), if any: 1 if r_tail moved or the connection failed. */
+int proto_take_written(struct proto *p);
 /* Send what control traffic is due and the credit reserve allows. */
 void proto_flush(struct proto *p);
 

@@ -111,6 +111,18 @@ struct prov_ops {
 	/* What the peer published (0), untrusted; -ENOENT if it never took
 	 * its half (a server that died before accept()).  NULL: cannot. */
 	int (*peer_consumed)(struct prov_qp *qp, uint64_t *consumed);
+	/* A write into the peer's area at remote_off that consumes no receive
+	 * and makes no completion there, for when the message credits are
+	 * spent: copies, then publishes `written` (the stream position after
+	 * these bytes) where the peer reads it, then wakes the peer if it
+	 * armed.  NULL: the provider cannot (message credits then bound how
+	 * many messages may wait unread). */
+	int (*post_write_plain)(struct prov_qp *qp, const struct iovec *iov,
+				int iovcnt, uint64_t remote_off,
+				uint64_t written);
+	/* What the peer's last plain write published (untrusted); NULL if
+	 * it cannot make them. */
+	uint64_t (*peer_written)(struct prov_qp *qp);
 	void (*destroy)(struct prov_qp *qp);
 };
 

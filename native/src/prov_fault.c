@@ -540,6 +540,18 @@ static int fault_peer_consumed(struct prov_qp *q, uint64_t *consumed)
 				    : -ENOENT;
 }
 
+/* (plain writes pass untouched: the faults act on messages) */
+static int fault_post_write_plain(struct prov_qp *q, const struct iovec *iov,
+				  int iovcnt, uint64_t roff, uint64_t written)
+{
+	return q->io->post_write_plain(q->iq, iov, iovcnt, roff, written);
+}
+
+static uint64_t fault_peer_written(struct prov_qp *q)
+{
+	return q->io->peer_written(q->iq);
+}
+
 /* Only the delay fault makes completions lag behind the peer's end. */
 static int fault_completions_lag(struct prov_qp *q)
 {
@@ -580,6 +592,8 @@ static const struct prov_ops fault_ops_tmpl = {
 	.completions_lag = fault_completions_lag,
 	.publish_consumed = fault_publish_consumed,
 	.peer_consumed = fault_peer_consumed,
+	.post_write_plain = fault_post_write_plain,
+	.peer_written = fault_peer_written,
 	.destroy = fault_destroy,
 };
 
@@ -605,6 +619,10 @@ static const struct prov_ops *fault_ops_for(const struct prov_ops *inner)
 		if (!fault_inner[i]) {
 			fault_tabs[i] = fault_ops_tmpl;
 			fault_tabs[i].name = inner->name;
+			if (!inner->post_write_plain) {
+				fault_tabs[i].post_write_plain = NULL;
+				fault_tabs[i].peer_written = NULL;
+			}
 			fault_inner[i] = inner;
 		}
 		t = &fault_tabs[i];

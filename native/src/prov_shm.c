@@ -71,6 +71,10 @@ struct shm_hdr {
 	 * kernel closes a dead process's socket with a FIN) */
 	_Alignas(CL) uint64_t consumed;
 	uint32_t owned;
+	/* peer: the stream position after its last plain write (bytes it
+	 * wrote into our ring without a completion, its message credits
+	 * spent): they are ours to read, in order, up to there */
+	uint64_t written;
 };
 
 _Static_assert(sizeof(struct shm_hdr) <= SHM_CQ_OFF, "header too large");
@@ -108,6 +112,7 @@ struct prov_qp {
 	uint32_t rq_cons;
 	uint32_t cq_cons;
 	uint64_t *rq_wrid; /* [l.qdepth] */
+	uint64_t written_seen; /* l.hdr->written as shm_peer_written read it */
 	/* send side: our view of the peer's queues (we are the only writer
 	 * of its cq_prod) */
 	uint32_t peer_rq_cons;
@@ -478,6 +483,55 @@ static void shm_ring(struct prov_qp *qp)
 		qp->notifies++;
 }
 
+/* After a store the peer may sleep through (seq_cst): if it armed, wake
+ * it the way its header asks (the Dekker pair of shm_arm). */
+static void shm_wake_peer(struct prov_qp *qp)
+{
+	struct shm_hdr *rh = qp->r.hdr;
+
+	if (__atomic_load_n(&rh->armed, __ATOMIC_SEQ_CST) &&
+	    __atomic_exchange_n(&rh->armed, 0, __ATOMIC_SEQ_CST)) {
+		if (qp->peer_evfd >= 0 &&
+		    !__atomic_load_n(&rh->bell, __ATOMIC_ACQUIRE)) {
+			eventfd_write(qp->peer_evfd, 1);
+			qp->notifies++;
+		} else {
+			shm_ring(qp);
+		}
+	}
+}
+
+static int shm_post_write_plain(struct prov_qp *qp, const struct iovec *iov,
+				int iovcnt, uint64_t roff, uint64_t written)
+{
+	uint64_t len = 0;
+	uint8_t *dst;
+	int i;
+
+	if (qp->err)
+		return qp->err;
+	if (!qp->r.base)
+		return -ENOTCONN;
+	for (i = 0; i < iovcnt; i++)
+		len += iov[i].iov_len;
+	if (roff > qp->r.area_len || len > qp->r.area_len - roff)
+		return qp->err = -EFAULT;
+	dst = qp->r.area + roff;
+	for (i = 0; i < iovcnt; i++) {
+		memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+		dst += iov[i].iov_len;
+	}
+	__atomic_store_n(&qp->r.hdr->written, written, __ATOMIC_SEQ_CST);
+	shm_wake_peer(qp);
+	return 0;
+}
+
+static uint64_t shm_peer_written(struct prov_qp *qp)
+{
+	qp->written_seen = __atomic_load_n(&qp->l.hdr->written, __ATOMIC_ACQUIRE);
+	return qp->written_seen;
+}
+
 static int shm_post_write_imm(struct prov_qp *qp, const struct iovec *iov,
 			      int iovcnt, uint64_t roff, uint32_t imm,
 			      int flags, uint64_t wr_id)
@@ -518,16 +572,7 @@ static int shm_post_write_imm(struct prov_qp *qp, const struct iovec *iov,
 	qp->peer_rq_cons++;
 	qp->peer_cq_prod++;
 	__atomic_store_n(&rh->cq_prod, qp->peer_cq_prod, __ATOMIC_SEQ_CST);
-	if (__atomic_load_n(&rh->armed, __ATOMIC_SEQ_CST) &&
-	    __atomic_exchange_n(&rh->armed, 0, __ATOMIC_SEQ_CST)) {
-		if (qp->peer_evfd >= 0 &&
-		    !__atomic_load_n(&rh->bell, __ATOMIC_ACQUIRE)) {
-			eventfd_write(qp->peer_evfd, 1);
-			qp->notifies++;
-		} else {
-			shm_ring(qp);
-		}
-	}
+	shm_wake_peer(qp);
 	if (flags & PROV_SIGNALED)
 		qp->scq[qp->scq_n++] = (struct prov_wc){ .wr_id = wr_id };
 	return 0;
@@ -573,7 +618,9 @@ static int shm_cq_pending(struct prov_qp *qp)
 {
 	return qp->scq_n ||
 	       __atomic_load_n(&qp->l.hdr->cq_prod, __ATOMIC_ACQUIRE) !=
-		       qp->cq_cons;
+		       qp->cq_cons ||
+	       __atomic_load_n(&qp->l.hdr->written, __ATOMIC_ACQUIRE) !=
+		       qp->written_seen;
 }
 
 static void shm_arm(struct prov_qp *qp)
@@ -722,6 +769,8 @@ const struct prov_ops shm_ops = {
 	.notifies_sent = shm_notifies_sent,
 	.publish_consumed = shm_publish_consumed,
 	.peer_consumed = shm_peer_consumed,
+	.post_write_plain = shm_post_write_plain,
+	.peer_written = shm_peer_written,
 	.destroy = shm_destroy,
 };
 

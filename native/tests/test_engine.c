@@ -204,31 +204,92 @@ static void t_stream_default(void)
 	stream_check(1 << 20, 256, 64u << 20, sizeof(((uint8_t[1 << 17]){ 0 })));
 }
 
-/* Message credits run out at qdepth - reserve and come back on reads. */
+/* Message credits run out at qdepth - reserve while the receiver takes
+ * nothing in; small sends go on into the ring as plain writes (a TCP
+ * sender's queue is bounded by bytes, not by writes), the receiver reads
+ * them all, in order, and the stream goes back to messages (an
+ * announcement of the plain bytes first) once credits come back. */
 static void t_credit_exhaustion(void)
 {
 	struct rsk_opts o = opts(1 << 16, 16);
 	rsk_sock *a, *b;
-	char c = 'x', buf[64];
-	int sent = 0, i;
+	char buf[512];
+	int i;
 
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
-	for (i = 0; i < 100; i++) {
-		ssize_t r = rsk_send(b, &c, 1, 0, 0);
+	for (i = 0; i < 300; i++) {
+		char c = (char)i;
 
-		if (r != 1) {
-			CHECK_EQ(r, -EAGAIN);
-			break;
-		}
-		sent++;
+		CHECK_EQ(rsk_send(b, &c, 1, 0, 0), 1);
 	}
-	CHECK_EQ(sent, 16 - CREDIT_RESERVE);
 	CHECK(b->st.credit_stalls > 0);
-	CHECK_EQ(rsk_poll(b) & RSK_POLLOUT, 0);
-	/* the receiver reaps: half the slots reposted -> credit returned */
-	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), sent);
+	CHECK_EQ(b->p.s_limit - b->p.s_msgs, CREDIT_RESERVE);
+	CHECK_EQ(b->p.s_tail - b->p.s_announced, 300 - (16 - CREDIT_RESERVE));
 	CHECK(rsk_poll(b) & RSK_POLLOUT);
-	CHECK_EQ(rsk_send(b, &c, 1, 0, 0), 1);
+	CHECK(rsk_poll(a) & RSK_POLLIN);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), 300);
+	for (i = 0; i < 300; i++)
+		CHECK_EQ(buf[i], (char)i);
+	CHECK(a->p.r_tail > a->p.r_msg_tail); /* (no announcement yet) */
+	/* the receiver reaped: credits back; messages again */
+	for (i = 0; i < 5; i++) {
+		char c = (char)(100 + i);
+
+		CHECK_EQ(rsk_send(b, &c, 1, 0, 0), 1);
+	}
+	CHECK_EQ(b->p.s_announced, b->p.s_tail);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), 5);
+	for (i = 0; i < 5; i++)
+		CHECK_EQ(buf[i], (char)(100 + i));
+	CHECK_EQ(a->p.r_msg_tail, a->p.r_tail);
+	/* plain bytes, then the FIN: all of them before the EOF */
+	for (i = 0; i < 40; i++)
+		CHECK_EQ(rsk_send(b, "z", 1, 0, 0), 1);
+	CHECK(b->p.s_tail > b->p.s_announced);
+	CHECK_EQ(rsk_shutdown(b, RSK_SHUT_WR), 0);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), 40);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 2000), 0);
+	rsk_free(a);
+	rsk_free(b);
+}
+
+/* A receiver asleep in recv wakes for a plain write (the Dekker pair of
+ * its arm and the writer's published position). */
+static void *plain_sender(void *arg)
+{
+	rsk_sock *b = arg;
+	int i;
+
+	usleep(50000);
+	for (i = 0; i < 64; i++)
+		if (rsk_send(b, "p", 1, 0, -1) != 1)
+			return NULL;
+	return b;
+}
+
+static void t_plain_write_wakes(void)
+{
+	struct rsk_opts o = opts(1 << 16, 16);
+	rsk_sock *a, *b;
+	pthread_t t;
+	char buf[64];
+	size_t got = 0;
+	void *ok;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	pthread_create(&t, NULL, plain_sender, b);
+	while (got < 64) {
+		/* one byte at a time: the receiver is mostly asleep when a
+		 * write comes, and reaps only what each call returns */
+		ssize_t r = rsk_recv(a, buf, 1, 0, 2000);
+
+		CHECK_EQ(r, 1);
+		if (r != 1)
+			break;
+		got++;
+	}
+	pthread_join(t, &ok);
+	CHECK(ok == b);
 	rsk_free(a);
 	rsk_free(b);
 }
@@ -303,8 +364,8 @@ static void t_threshold_sizes(void)
 	rsk_free(b);
 }
 
-/* Data stops at the reserve; the reserve still carries a credit update
- * and the FIN. */
+/* Messages stop at the reserve (data goes on as plain writes); the
+ * reserve still carries a credit update and the FIN. */
 static void t_ctrl_reserve(void)
 {
 	struct rsk_opts o = opts(1 << 16, 16);
@@ -319,7 +380,8 @@ static void t_ctrl_reserve(void)
 	CHECK_EQ(rsk_send(b, big, sizeof(big), 0, 0), sizeof(big));
 	for (i = 0; i < 16 - CREDIT_RESERVE; i++)
 		CHECK_EQ(rsk_send(a, &c, 1, 0, 0), 1);
-	CHECK_EQ(rsk_send(a, &c, 1, 0, 0), -EAGAIN);
+	/* a plain write: no message credit taken */
+	CHECK_EQ(rsk_send(a, &c, 1, 0, 0), 1);
 	CHECK_EQ(a->p.s_limit - a->p.s_msgs, CREDIT_RESERVE);
 	/* consuming more than half of a's ring makes a credit due: it
 	 * goes out on the reserve although data may not */
@@ -330,7 +392,8 @@ static void t_ctrl_reserve(void)
 	/* and the last slot carries the FIN */
 	CHECK_EQ(rsk_shutdown(a, RSK_SHUT_WR), 0);
 	CHECK_EQ(a->p.s_limit - a->p.s_msgs, 0);
-	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), RSK_F_WAITALL, 2000), 16 - CREDIT_RESERVE);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), RSK_F_WAITALL, 2000),
+		 16 - CREDIT_RESERVE + 1);
 	r = rsk_recv(b, buf, sizeof(buf), 0, 2000);
 	CHECK_EQ(r, 0);
 	CHECK(b->p.s_acked >= sizeof(big) - 16);
@@ -502,7 +565,13 @@ static void t_violations(void)
 	uint64_t ring_off = prov_ctrl_len(32);
 
 	/* imm length disagrees with the bytes written */
-	violation(IMM(OP_DATA, 100), d, 10, ring_off, "does not fit");
+	violation(IMM(OP_DATA, 100), d, 10, ring_off,
+		  "data message of 10 bytes (imm 100)");
+	/* the plain writes' announcement carries no bytes of its own */
+	violation(IMM(OP_WRITTEN, 10), d, 10, ring_off, "written message of 10");
+	/* ... nor more than the ring holds */
+	violation(IMM(OP_WRITTEN, (1 << 16) + 1), d, 0, 0,
+		  "written message of 65537 bytes does not fit");
 	/* zero-length data */
 	violation(IMM(OP_DATA, 0), d, 0, ring_off, "does not fit");
 	/* unknown opcode */
@@ -1231,6 +1300,7 @@ int main(void)
 	RUN(t_listen_shared);
 	RUN(t_reuseport_join);
 	RUN(t_credit_exhaustion);
+	RUN(t_plain_write_wakes);
 	RUN(t_space_threshold);
 	RUN(t_threshold_sizes);
 	RUN(t_ctrl_reserve);

@@ -264,6 +264,8 @@ enum hostile {
 	H_LEN_MISMATCH,
 	H_OVERFLOW,
 	H_BAD_OPCODE,
+	H_WRITTEN_PAYLOAD,
+	H_WRITTEN_OVERFLOW,
 	H_CTRL_ARG,
 	H_SLOT_OP,
 	H_CREDIT_AHEAD,
@@ -279,9 +281,11 @@ enum hostile {
 };
 
 static const char *hostile_why[H_END] = {
-	[H_LEN_MISMATCH] = "does not fit the ring",
+	[H_LEN_MISMATCH] = "protocol violation: data message of 10 bytes (imm 20)",
 	[H_OVERFLOW] = "does not fit the ring",
 	[H_BAD_OPCODE] = "protocol violation: opcode",
+	[H_WRITTEN_PAYLOAD] = "protocol violation: written message of 10 bytes",
+	[H_WRITTEN_OVERFLOW] = "written message of 4097 bytes does not fit",
 	[H_CTRL_ARG] = "protocol violation: opcode",
 	[H_SLOT_OP] = "ctrl slot op",
 	[H_CREDIT_AHEAD] = "protocol violation: credit for",
@@ -320,7 +324,13 @@ static void hostile(enum hostile h)
 		break;
 	}
 	case H_BAD_OPCODE:
-		raw_ctrl(&b, 0, 0, 5, 5);
+		raw_ctrl(&b, 0, 0, 6, 6);
+		break;
+	case H_WRITTEN_PAYLOAD: /* (the bytes of plain writes come first) */
+		raw(&b, junk, 10, ro, IMM(OP_WRITTEN, 10));
+		break;
+	case H_WRITTEN_OVERFLOW: /* more than the ring holds */
+		raw(&b, NULL, 0, 0, IMM(OP_WRITTEN, 4097));
 		break;
 	case H_CTRL_ARG:
 		raw(&b, junk, 16, 0, IMM(OP_CREDIT, 7));
