@@ -1410,5 +1410,10 @@ def test_an_early_answer_of_a_peer_that_aborts_an_upload(kind: str, loop_name: s
     if kind == "rsock":
         ended.add("NoneType")  # (README, differences: may read EOF after the answer)
     for data, exc in got:
+        if kind == "tcp" and not data:
+            # (over TCP the loop may see the failed send before the answer,
+            # under load: asyncio then never reads it; rsock always reads first)
+            assert exc in ended, got
+            continue
         assert data == b"RESPONSE-501\n", got
         assert exc in ended, got
