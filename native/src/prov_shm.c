@@ -501,26 +501,46 @@ static void shm_wake_peer(struct prov_qp *qp)
 	}
 }
 
-static int shm_post_write_plain(struct prov_qp *qp, const struct iovec *iov,
-				int iovcnt, uint64_t roff, uint64_t written)
+/* A write's checks before it touches the peer's area (the QP's state, the
+ * remote access check of an HCA): 0 with *len the bytes, or -errno. */
+static int shm_write_check(struct prov_qp *qp, const struct iovec *iov,
+			   int iovcnt, uint64_t roff, uint64_t *len)
 {
-	uint64_t len = 0;
-	uint8_t *dst;
 	int i;
 
 	if (qp->err)
 		return qp->err;
 	if (!qp->r.base)
 		return -ENOTCONN;
+	*len = 0;
 	for (i = 0; i < iovcnt; i++)
-		len += iov[i].iov_len;
-	if (roff > qp->r.area_len || len > qp->r.area_len - roff)
+		*len += iov[i].iov_len;
+	if (roff > qp->r.area_len || *len > qp->r.area_len - roff)
 		return qp->err = -EFAULT;
-	dst = qp->r.area + roff;
+	return 0;
+}
+
+static void shm_copy(struct prov_qp *qp, const struct iovec *iov, int iovcnt,
+		     uint64_t roff)
+{
+	uint8_t *dst = qp->r.area + roff;
+	int i;
+
 	for (i = 0; i < iovcnt; i++) {
 		memcpy(dst, iov[i].iov_base, iov[i].iov_len);
 		dst += iov[i].iov_len;
 	}
+}
+
+static int shm_post_write_plain(struct prov_qp *qp, const struct iovec *iov,
+				int iovcnt, uint64_t roff, uint64_t written)
+{
+	uint64_t len;
+	int rc = shm_write_check(qp, iov, iovcnt, roff, &len);
+
+	if (rc)
+		return rc;
+	shm_copy(qp, iov, iovcnt, roff);
 	__atomic_store_n(&qp->r.hdr->written, written, __ATOMIC_SEQ_CST);
 	shm_wake_peer(qp);
 	return 0;
@@ -538,21 +558,14 @@ static int shm_post_write_imm(struct prov_qp *qp, const struct iovec *iov,
 {
 	struct shm_hdr *rh = qp->r.hdr;
 	uint32_t posted, cons;
-	uint64_t len = 0;
-	uint8_t *dst;
-	int i;
+	uint64_t len;
+	int rc;
 
-	if (qp->err)
-		return qp->err;
-	if (!qp->r.base)
-		return -ENOTCONN;
-	if (flags & PROV_SIGNALED && qp->scq_n >= SCQ_MAX)
+	if (!qp->err && qp->r.base && flags & PROV_SIGNALED &&
+	    qp->scq_n >= SCQ_MAX)
 		return -ENOSPC; /* send CQ overrun: caller must reap */
-	for (i = 0; i < iovcnt; i++)
-		len += iov[i].iov_len;
-	/* remote access check (the rkey/length check of an HCA) */
-	if (roff > qp->r.area_len || len > qp->r.area_len - roff)
-		return qp->err = -EFAULT;
+	if ((rc = shm_write_check(qp, iov, iovcnt, roff, &len)))
+		return rc;
 	/* a posted receive must be there (no RNR retry: credits forbid it) */
 	posted = __atomic_load_n(&rh->rq_prod, __ATOMIC_ACQUIRE);
 	if (posted - qp->peer_rq_cons == 0 ||
@@ -562,11 +575,7 @@ static int shm_post_write_imm(struct prov_qp *qp, const struct iovec *iov,
 	if (qp->peer_cq_prod - cons >= qp->r.qdepth)
 		return qp->err = -EPROTO;
 
-	dst = qp->r.area + roff;
-	for (i = 0; i < iovcnt; i++) {
-		memcpy(dst, iov[i].iov_base, iov[i].iov_len);
-		dst += iov[i].iov_len;
-	}
+	shm_copy(qp, iov, iovcnt, roff);
 	qp->r.cq[qp->peer_cq_prod % qp->r.qdepth] =
 		(struct shm_cqe){ .imm = imm, .len = (uint32_t)len };
 	qp->peer_rq_cons++;
