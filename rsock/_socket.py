@@ -2208,6 +2208,12 @@ class socket:
             raise ValueError("non-blocking sockets are not supported")
         if not stat.S_ISREG(st.st_mode):
             raise _std._GiveupOnSendfile("not a regular file")  # type: ignore[attr-defined]
+        if offset < 0:
+            # os.sendfile's EINVAL, before anything went: the stdlib gives up
+            # on this path, and the send() path's seek then raises it (preadv
+            # would read -1 as "from the file's position")
+            einval = OSError(_errno.EINVAL, os.strerror(_errno.EINVAL))
+            raise _std._GiveupOnSendfile(einval)  # type: ignore[attr-defined]
         view = memoryview(bytearray(min(count, _SENDFILE_BLOCK) if count else _SENDFILE_BLOCK))
 
         def read(done: int, n: int) -> Any:

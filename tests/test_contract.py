@@ -670,7 +670,7 @@ def test_sendfile_file_object_without_fd(pair: Pair) -> None:
 
 
 def test_sendfile_checks(pair: Pair, datafile: Any) -> None:
-    client, _ = pair
+    client, server = pair
     with tempfile.TemporaryFile("w+") as text:
         with pytest.raises(ValueError):
             client.sendfile(text)
@@ -681,6 +681,17 @@ def test_sendfile_checks(pair: Pair, datafile: Any) -> None:
         client.sendfile(datafile, 0, "10")
     with tempfile.TemporaryFile() as empty:
         assert client.sendfile(empty) == 0
+    # a negative offset: EINVAL and nothing sent, wherever the file stands
+    # (rsock's read from the file's position: -1 to preadv means that)
+    for pos in (0, 1 << 20):
+        datafile.seek(pos)
+        with pytest.raises(OSError) as info:
+            client.sendfile(datafile, -1)
+        assert info.value.errno == errno.EINVAL
+    client.settimeout(0.2)
+    client.sendall(b"end")
+    server.settimeout(5)
+    assert server.recv(100) == b"end"
     client.setblocking(False)
     with pytest.raises(ValueError):
         client.sendfile(datafile)
