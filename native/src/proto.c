@@ -176,7 +176,8 @@ int proto_send(struct proto *p, const void *buf, uint32_t n)
 void proto_consume(struct proto *p, size_t n)
 {
 	p->r_head += n;
-	if (p->ops->publish_consumed)
+	if (p->ops->publish_consumed && !(p->flags & F_DEAD))
+		/* (a failed end's all ones stay: data read after a reset) */
 		p->ops->publish_consumed(p->qp, p->r_head);
 	if (p->pers->consumed(p))
 		proto_flush(p);
