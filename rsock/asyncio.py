@@ -730,7 +730,12 @@ class RsockTransport(transports._FlowControlMixin):
     # ---------------------------------------------------------------- closing
 
     def is_closing(self) -> bool:
-        return self._closing
+        # (a failed send closes the transport, as asyncio's: once the data
+        # the peer sent first is read, _fail_after_reading; meanwhile a
+        # writer that loops on write() and drain() must still yield, as
+        # drain() does only for a closing transport: CPython's
+        # test_streams.test_drain_raises spun for good)
+        return self._closing or self._write_failing
 
     def close(self) -> None:
         if self._closing:

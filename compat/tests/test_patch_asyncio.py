@@ -1348,6 +1348,52 @@ def test_writes_after_the_connection_was_lost(kind: str, loop_name: str) -> None
 
 @pytest.mark.parametrize("kind", ["tcp", "rsock"])
 @pytest.mark.parametrize("loop_name", LOOPS)
+def test_drain_raises_once_the_peer_closed(kind: str, loop_name: str) -> None:
+    """A writer that loops on ``write()`` and ``drain()`` to a peer that
+    accepted and closed gets the connection's error from drain(), as over TCP
+    (CPython's test_streams.test_drain_raises): rsock's transport deferred a
+    failed send's error until it had read what the peer sent first, and
+    drain(), which yields only for a closing transport, spun for good once
+    sends to a closed peer stopped waiting for message credits."""
+    import threading
+
+    if kind == "rsock":
+        rsock.patch()
+    try:
+        listener = socket.create_server(("127.0.0.1", 0))
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            conn.close()
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+
+        async def main() -> str:
+            reader, writer = await asyncio.open_connection(*listener.getsockname())
+            try:
+                while True:
+                    writer.write(b"foo\n")
+                    await writer.drain()
+            except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as e:
+                return type(e).__name__
+            finally:
+                writer.close()
+
+        if loop_name == "uvloop":
+            got = uvloop.run(asyncio.wait_for(main(), 20))
+        else:
+            got = asyncio.run(asyncio.wait_for(main(), 20))
+        t.join(20)
+        listener.close()
+    finally:
+        if kind == "rsock":
+            rsock.unpatch()
+    assert got in ("ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError")
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+@pytest.mark.parametrize("loop_name", LOOPS)
 def test_an_early_answer_of_a_peer_that_aborts_an_upload(kind: str, loop_name: str) -> None:
     """A server that answers an upload early and closes with the rest unread
     (http.server's 501 to a POST, a 413): the client's protocol gets the
