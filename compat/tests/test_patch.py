@@ -1080,7 +1080,9 @@ with serve(echo, "127.0.0.1", 0, ssl=server_ctx) as server:
     t = threading.Thread(target=server.serve_forever)
     t.start()
     port = server.socket.getsockname()[1]
-    with connect(f"wss://localhost:{{port}}", ssl=client_ctx) as ws:
+    # (a generous handshake timeout: the TCP oracle's timed out at websockets'
+    # 10 s default twice in a loaded full-suite run, session 25)
+    with connect(f"wss://localhost:{{port}}", ssl=client_ctx, open_timeout=60) as ws:
         ws.send(b"m" * 100000)
         print("websockets", len(ws.recv(timeout=10)))
     server.shutdown()
@@ -1100,7 +1102,7 @@ def test_tls_sockets_are_ssl_sslsockets(kind: str, tmp_path: Path, cert: tuple[s
     certfile, keyfile = cert
     first = "import rsock; rsock.patch()" if kind == "rsock.patch()" else ""
     code = _TLS_IS_SSLSOCKET.format(imports_first=first, certfile=certfile, keyfile=keyfile)
-    out = run_as("rsock" if kind == "rsock" else "tcp", code, tmp_path, timeout=60)
+    out = run_as("rsock" if kind == "rsock" else "tcp", code, tmp_path, timeout=120)
     assert out.split("\n") == [
         "server True h2",
         "httpcore h2",
