@@ -260,9 +260,14 @@ _live_refs: dict[int, weakref.ref[socket]] = _live.data  # type: ignore[attr-def
 _forks = 0
 
 
+# serialises changes of a connection's watch bits (rare: a few per connection)
+_watch_lock = threading.Lock()
+
+
 def _count_fork() -> None:
-    global _forks
+    global _forks, _watch_lock
     _forks += 1
+    _watch_lock = threading.Lock()  # (a thread that held it is not here)
 
 
 os.register_at_fork(after_in_child=_count_fork)
@@ -847,21 +852,27 @@ class socket:
 
     def _watch(self, mask: int) -> None:
         """Turn on the engine's exact readiness (``_ll.WATCH_*``)."""
-        h = self._h
-        core = self._core
-        if h is not None and core.watch & mask != mask:
-            core.watch |= mask
-            _ll.set_watch(h, core.watch)
+        if self._core.watch & mask != mask:
+            self._set_watch(mask, 0)
 
     def _unwatch(self, mask: int) -> None:
         """Turn off what ``_watch`` turned on."""
-        h = self._h
-        if h is None:
-            return
-        core = self._core
-        if core.watch & mask:
-            core.watch &= ~mask
-            _ll.set_watch(h, core.watch)
+        if self._core.watch & mask:
+            self._set_watch(0, mask)
+
+    def _set_watch(self, on: int, off: int) -> None:
+        """``core.watch`` shows a bit only once the engine has it: a thread
+        that sees ``_WATCH_FD`` there goes on to make ``fileno()`` (the
+        engine makes an exact socketpair, not a stand-in it would swap
+        under pollers already waiting on it), and threads changing
+        different bits at once lose none."""
+        with _watch_lock:
+            h = self._h
+            core = self._core
+            new = (core.watch | on) & ~off
+            if h is not None and new != core.watch:
+                _ll.set_watch(h, new)
+                core.watch = new
 
     def watch(self, weak: bool = False) -> Watch:
         """For an event loop: the connection's notify and liveness fds,

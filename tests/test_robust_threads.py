@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import random
 import select
@@ -236,6 +237,41 @@ def test_several_threads_selecting_on_the_same_fds(
         for c, s in pairs:
             c.close()
             s.close()
+
+
+def test_threads_asking_a_new_connection_fileno_at_once(
+    sockmod: ModuleType, transport: str
+) -> None:
+    """4 threads ask a fresh connection's ``fileno()`` for the first time at
+    the same moment and poll it: each one wakes when a byte arrives.  (The
+    engine used to give a thread that came in between another's switching
+    on the exact fd a stand-in fd, swapped under it a moment later: its poll
+    then slept to its timeout.)"""
+    nthreads, conns = 4, 150
+    rng = random.Random(7)
+    for n in range(conns):
+        client, server = connected_pair(sockmod)
+        with client, server:
+            start = threading.Barrier(nthreads + 1, timeout=20)
+
+            def poller(start: threading.Barrier, server: Any) -> tuple[list[Any], float]:
+                start.wait()
+                t0 = time.monotonic()
+                got = poll_readable([server], 3.0)
+                return got, time.monotonic() - t0
+
+            threads = [
+                Background(functools.partial(poller, start, server), f"p{k}")
+                for k in range(nthreads)
+            ]
+            start.wait()
+            time.sleep(rng.uniform(0, 0.002))
+            client.sendall(b"x")
+            for k, t in enumerate(threads):
+                got, took = t.result(timeout=10)
+                assert got == [server], f"connection {n} thread {k}: {got}"
+                assert took < WAKE_LIMIT_S, f"connection {n} thread {k} woke after {took:.3f} s"
+            assert server.recv(1) == b"x"
 
 
 # --------------------------------------------------------------------------- shutdown
