@@ -178,6 +178,51 @@ def test_shutdown_wr_half_close(pair: Pair) -> None:
     assert recv_all(client) == b"response"
 
 
+def test_data_after_shutdown_rd_is_still_read(pair: Pair) -> None:
+    """Bytes the peer sends after our ``shutdown(SHUT_RD)`` are read, then
+    EOF: Linux TCP queues them.  (rsock read EOF at once while nothing had
+    taken them in, session 26.)"""
+    client, server = pair
+    client.settimeout(10)
+    server.settimeout(10)
+    server.shutdown(socket.SHUT_RD)
+    client.sendall(b"late bytes")
+    got = b""
+    deadline = time.monotonic() + 5
+    while got != b"late bytes" and time.monotonic() < deadline:
+        chunk = server.recv(100)  # EOF (b"") until they are in, on both
+        got += chunk
+        if not chunk:
+            time.sleep(0.01)
+    assert got == b"late bytes"
+    assert server.recv(100) == b""
+
+
+def test_data_after_shutdown_rdwr_resets(pair: Pair) -> None:
+    """Data that reaches a socket shut down both ways is answered with a
+    reset, as Linux TCP does (FIN_WAIT with the receive side shut): the
+    sender's next sends raise ``BrokenPipeError`` (its reads see the FIN:
+    EOF), the shut socket's next read raises ``ConnectionResetError``.  The
+    shut socket is watched (its ``fileno()`` made), as an event loop's or a
+    selector's are: an rsock process that never looks at the socket again
+    answers only at its next call (README, differences)."""
+    client, server = pair
+    client.settimeout(10)
+    server.settimeout(10)
+    server.fileno()
+    server.shutdown(socket.SHUT_RDWR)
+    assert client.recv(10) == b""  # its FIN
+    client.sendall(b"x" * 1000)  # goes out (the reset answers it)
+    deadline = time.monotonic() + 5
+    with pytest.raises(BrokenPipeError):
+        while time.monotonic() < deadline:
+            client.send(b"y")
+            time.sleep(0.01)
+    assert client.recv(10) == b""
+    with pytest.raises(ConnectionResetError):
+        server.recv(10)
+
+
 def test_closed_socket_raises_ebadf(pair: Pair) -> None:
     client, _ = pair
     client.close()

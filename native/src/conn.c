@@ -603,6 +603,18 @@ static ssize_t recv_wait(rsk_sock *s, int flags, int64_t deadline, int keep)
 	for (;;) {
 		if (!s->rx_busy && s->p.r_tail != s->p.r_head)
 			return (ssize_t)(s->p.r_tail - s->p.r_head);
+		if (!s->rx_busy && (s->p.flags & F_RD_SHUT) &&
+		    !(s->p.flags & F_PEER_FIN)) {
+			/* our SHUT_RD reads EOF only once nothing has come:
+			 * bytes the peer sent before or after it are read
+			 * first, as Linux TCP queues them (nobody may have
+			 * taken them in since) */
+			uint64_t tail = s->p.r_tail;
+
+			eng_progress(s);
+			if (s->p.r_tail != tail)
+				continue;
+		}
 		if (!s->rx_busy && (rc = recv_end(s, keep)) <= 0)
 			return rc;
 		if (!nb && deadline == -1 && eng_fd_nonblock(s))
@@ -724,6 +736,9 @@ int rsk_shutdown(rsk_sock *s, int how)
 		rc = -ENOTCONN;
 	} else {
 		if (how != RSK_SHUT_WR) {
+			/* what came before is in (readable), what comes
+			 * after is "after" (eng_progress) */
+			eng_progress(s);
 			s->p.flags |= F_RD_SHUT;
 			eng_wake(s);
 			eng_kick_waiter(s);

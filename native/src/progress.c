@@ -49,6 +49,7 @@ static void eng_set_gone(rsk_sock *s)
 int eng_progress(rsk_sock *s)
 {
 	struct prov_wc wc[WC_BATCH];
+	uint64_t tail = s->p.r_tail;
 	int n, i, total = 0;
 
 	if (s->kind != K_CONN || (s->p.flags & F_DEAD))
@@ -64,6 +65,16 @@ int eng_progress(rsk_sock *s)
 	s->st.completions += (uint64_t)total;
 	if (!(s->p.flags & F_DEAD))
 		total += proto_take_written(&s->p);
+	if (s->p.r_tail != tail &&
+	    (s->p.flags & (F_RD_SHUT | F_WR_SHUT | F_DEAD)) ==
+		    (F_RD_SHUT | F_WR_SHUT)) {
+		/* data after our shutdown(SHUT_RDWR): Linux TCP answers with a
+		 * reset (FIN_WAIT with the receive side shut) and drops it:
+		 * so do we (what was unread from before stays readable) */
+		s->p.r_tail = tail;
+		proto_fail(&s->p, ECONNRESET, 1,
+			   "data arrived after shutdown(SHUT_RDWR)");
+	}
 	proto_flush(&s->p);
 	if (total)
 		s->p.wake = 1;

@@ -454,6 +454,49 @@ static void t_reset_after_fin(void)
 	rsk_free(b);
 }
 
+/* Our shutdown(SHUT_RD): what the peer sends before or after is still
+ * read, then EOF; after shutdown(SHUT_RDWR), data that arrives is answered
+ * with a reset (the peer's sends fail with EPIPE, ours read ECONNRESET) and
+ * dropped, while what had arrived before stays readable: Linux TCP's. */
+static void t_data_after_shutdown_rd(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	rsk_sock *a, *b;
+	char buf[16];
+	int i, rc;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(b, "early", 5, 0, -1), 5);
+	CHECK_EQ(rsk_shutdown(a, RSK_SHUT_RD), 0);
+	CHECK_EQ(rsk_send(b, "late", 4, 0, -1), 4);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 5);
+	CHECK(!memcmp(buf, "early", 5));
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 4);
+	CHECK(!memcmp(buf, "late", 4));
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 0);
+	rsk_free(a);
+	rsk_free(b);
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(b, "kept", 4, 0, -1), 4);
+	CHECK_EQ(rsk_shutdown(a, RSK_SHUT_RDWR), 0);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), 0); /* a's FIN */
+	CHECK_EQ(rsk_send(b, "dropped", 7, 0, -1), 7);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 0), 4); /* from before */
+	CHECK(!memcmp(buf, "kept", 4));
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 0), -ECONNRESET);
+	for (i = 0; i < 200; i++) {
+		rc = (int)rsk_send(b, "x", 1, 0, 0);
+		if (rc < 0)
+			break;
+		usleep(5000);
+	}
+	CHECK_EQ(rc, -EPIPE);
+	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
+	rsk_free(a);
+	rsk_free(b);
+}
+
 /* rsk_abort (close() with SO_LINGER {1, 0}): the peer reads what had
  * arrived, then ECONNRESET with the detail; its sends fail after. */
 static void t_abort(void)
@@ -1295,6 +1338,7 @@ int main(void)
 	RUN(t_fileno_onto);
 	RUN(t_fileno_epoll_carried);
 	RUN(t_reset_after_fin);
+	RUN(t_data_after_shutdown_rd);
 	RUN(t_abort);
 	RUN(t_send_partial);
 	RUN(t_listen_shared);
