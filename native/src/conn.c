@@ -532,6 +532,19 @@ ssize_t rsk_send(rsk_sock *s, const void *buf, size_t len, int flags,
 		eng_progress(s);
 		if ((rc = send_error(s, done > 0)))
 			break;
+		if ((s->p.flags & F_PEER_FIN) && !done && s->p.ops->peer_shut &&
+		    s->p.ops->peer_shut(s->p.qp)) {
+			/* The peer shut down both directions (and may never
+			 * look at its socket again): TCP's kernel answers this
+			 * data with a reset, so this send goes (its bytes
+			 * dropped) and later ones fail with EPIPE; the peer
+			 * reads the reset at its next call.  (A peer that takes
+			 * data in so answers too: eng_progress.) */
+			proto_fail(&s->p, EPIPE, 1,
+				   "the peer shut down both directions");
+			done = len;
+			break;
+		}
 		n = proto_send_room(&s->p, &credit_stall);
 		if (credit_stall) /* (a plain write, or a wait) */
 			s->st.credit_stalls++;
@@ -750,6 +763,10 @@ int rsk_shutdown(rsk_sock *s, int how)
 			eng_wake_due(s);
 			eng_kick_waiter(s);
 		}
+		if ((s->p.flags & (F_RD_SHUT | F_WR_SHUT)) ==
+			    (F_RD_SHUT | F_WR_SHUT) &&
+		    s->p.ops->publish_shut)
+			s->p.ops->publish_shut(s->p.qp);
 	}
 	eng_leave(s);
 	return rc;

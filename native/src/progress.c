@@ -66,11 +66,11 @@ int eng_progress(rsk_sock *s)
 	if (!(s->p.flags & F_DEAD))
 		total += proto_take_written(&s->p);
 	if (s->p.r_tail != tail &&
-	    (s->p.flags & (F_RD_SHUT | F_WR_SHUT | F_DEAD)) ==
-		    (F_RD_SHUT | F_WR_SHUT)) {
+	    (s->p.flags & (F_RD_SHUT | F_WR_SHUT)) == (F_RD_SHUT | F_WR_SHUT)) {
 		/* data after our shutdown(SHUT_RDWR): Linux TCP answers with a
 		 * reset (FIN_WAIT with the receive side shut) and drops it:
-		 * so do we (what was unread from before stays readable) */
+		 * so do we (what was unread from before stays readable; a
+		 * reset the peer sent after it already ended us) */
 		s->p.r_tail = tail;
 		proto_fail(&s->p, ECONNRESET, 1,
 			   "data arrived after shutdown(SHUT_RDWR)");

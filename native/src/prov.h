@@ -123,6 +123,14 @@ struct prov_ops {
 	/* What the peer's last plain write published (untrusted); NULL if
 	 * it cannot make them. */
 	uint64_t (*peer_written)(struct prov_qp *qp);
+	/* Publish that our application shut down both directions
+	 * (shutdown(SHUT_RDWR)), where the peer reads it without a call of
+	 * ours: its next data is answered with a reset as TCP's kernel
+	 * answers for an idle process.  NULL: the provider cannot. */
+	void (*publish_shut)(struct prov_qp *qp);
+	/* Did the peer publish it?  (Untrusted: it only ends the peer's own
+	 * connection.)  NULL: cannot. */
+	int (*peer_shut)(struct prov_qp *qp);
 	void (*destroy)(struct prov_qp *qp);
 };
 

@@ -547,6 +547,17 @@ static int fault_post_write_plain(struct prov_qp *q, const struct iovec *iov,
 	return q->io->post_write_plain(q->iq, iov, iovcnt, roff, written);
 }
 
+static void fault_publish_shut(struct prov_qp *q)
+{
+	if (q->io->publish_shut)
+		q->io->publish_shut(q->iq);
+}
+
+static int fault_peer_shut(struct prov_qp *q)
+{
+	return q->io->peer_shut ? q->io->peer_shut(q->iq) : 0;
+}
+
 static uint64_t fault_peer_written(struct prov_qp *q)
 {
 	return q->io->peer_written(q->iq);
@@ -594,6 +605,8 @@ static const struct prov_ops fault_ops_tmpl = {
 	.peer_consumed = fault_peer_consumed,
 	.post_write_plain = fault_post_write_plain,
 	.peer_written = fault_peer_written,
+	.publish_shut = fault_publish_shut,
+	.peer_shut = fault_peer_shut,
 	.destroy = fault_destroy,
 };
 

@@ -71,6 +71,10 @@ struct shm_hdr {
 	 * kernel closes a dead process's socket with a FIN) */
 	_Alignas(CL) uint64_t consumed;
 	uint32_t owned;
+	/* owner: 1 once its application shut down both directions (a peer
+	 * that sends data then is answered with a reset, as TCP's kernel
+	 * answers for a process that does not look at its socket) */
+	uint32_t shut;
 	/* peer: the stream position after its last plain write (bytes it
 	 * wrote into our ring without a completion, its message credits
 	 * spent): they are ours to read, in order, up to there */
@@ -429,6 +433,7 @@ static void qp_take_posted(struct prov_qp *qp, uint32_t qdepth)
 	__atomic_store_n(&qp->l.hdr->cq_cons, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&qp->l.hdr->armed, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&qp->l.hdr->consumed, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&qp->l.hdr->shut, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&qp->l.hdr->owned, 1, __ATOMIC_RELEASE);
 }
 
@@ -760,6 +765,17 @@ static int shm_peer_consumed(struct prov_qp *qp, uint64_t *consumed)
 	return 0;
 }
 
+static void shm_publish_shut(struct prov_qp *qp)
+{
+	__atomic_store_n(&qp->l.hdr->shut, 1, __ATOMIC_RELEASE);
+}
+
+static int shm_peer_shut(struct prov_qp *qp)
+{
+	return qp->r.hdr &&
+	       __atomic_load_n(&qp->r.hdr->shut, __ATOMIC_ACQUIRE) == 1;
+}
+
 const struct prov_ops shm_ops = {
 	.name = "shm",
 	.post_recv = shm_post_recv,
@@ -780,6 +796,8 @@ const struct prov_ops shm_ops = {
 	.peer_consumed = shm_peer_consumed,
 	.post_write_plain = shm_post_write_plain,
 	.peer_written = shm_peer_written,
+	.publish_shut = shm_publish_shut,
+	.peer_shut = shm_peer_shut,
 	.destroy = shm_destroy,
 };
 
