@@ -423,6 +423,20 @@ static void t_eof_and_shutdown(void)
 	rsk_free(b);
 }
 
+/* Sends a byte every 5 ms until a send fails (up to 1 s): its error. */
+static int send_until_fails(rsk_sock *s)
+{
+	int i, rc = 0;
+
+	for (i = 0; i < 200; i++) {
+		rc = (int)rsk_send(s, "x", 1, 0, 0);
+		if (rc < 0)
+			break;
+		usleep(5000);
+	}
+	return rc;
+}
+
 /* A reset after the peer's FIN (its close with our data unread, after its
  * shutdown): reads keep their EOF and sends fail with EPIPE, as Linux TCP
  * takes an RST in CLOSE_WAIT. */
@@ -431,7 +445,6 @@ static void t_reset_after_fin(void)
 	struct rsk_opts o = opts(1 << 16, 32);
 	rsk_sock *a, *b;
 	char buf[16];
-	int i, rc;
 
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
 	CHECK_EQ(rsk_send(b, "abc", 3, 0, -1), 3);
@@ -440,13 +453,7 @@ static void t_reset_after_fin(void)
 	CHECK_EQ(rsk_send(b, "unread", 6, 0, -1), 6);
 	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), 0); /* the FIN */
 	rsk_close(a); /* with "unread" unread: a reset */
-	for (i = 0; i < 200; i++) {
-		rc = (int)rsk_send(b, "x", 1, 0, 0);
-		if (rc < 0)
-			break;
-		usleep(5000);
-	}
-	CHECK_EQ(rc, -EPIPE);
+	CHECK_EQ(send_until_fails(b), -EPIPE);
 	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
 	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
 	CHECK_EQ(rsk_send(b, "x", 1, 0, 0), -EPIPE);
@@ -463,7 +470,6 @@ static void t_data_after_shutdown_rd(void)
 	struct rsk_opts o = opts(1 << 16, 32);
 	rsk_sock *a, *b;
 	char buf[16];
-	int i, rc;
 
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
 	CHECK_EQ(rsk_send(b, "early", 5, 0, -1), 5);
@@ -485,13 +491,7 @@ static void t_data_after_shutdown_rd(void)
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 0), 4); /* from before */
 	CHECK(!memcmp(buf, "kept", 4));
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 0), -ECONNRESET);
-	for (i = 0; i < 200; i++) {
-		rc = (int)rsk_send(b, "x", 1, 0, 0);
-		if (rc < 0)
-			break;
-		usleep(5000);
-	}
-	CHECK_EQ(rc, -EPIPE);
+	CHECK_EQ(send_until_fails(b), -EPIPE);
 	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
 	rsk_free(a);
 	rsk_free(b);
