@@ -32,6 +32,15 @@ import rsock.asyncio as rsa
 from rsock import _patch
 
 T = TypeVar("T")
+
+
+def run_on(loop_name: str, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """``coro`` run to its end on a new loop of ``loop_name`` (uvloop's or
+    asyncio's), bounded by ``timeout`` seconds if given (the hang guard)."""
+    aw: Coroutine[Any, Any, T] = coro if timeout is None else asyncio.wait_for(coro, timeout)  # type: ignore[assignment]
+    if loop_name == "uvloop":
+        return uvloop.run(aw)  # type: ignore[no-any-return]
+    return asyncio.run(aw)
 STD_SOCKET = socket.socket
 LOOPS = ["asyncio", "uvloop"]
 CERTS = Path(__file__).resolve().parents[2] / "tests" / "certs"
@@ -801,10 +810,7 @@ def test_loop_sendfile(kind: str, loop_name: str, tmp_path: Path) -> None:
         rsock.patch()
     try:
         before = _patch.counters()
-        if loop_name == "uvloop":
-            uvloop.run(asyncio.wait_for(main(), 60))
-        else:
-            asyncio.run(asyncio.wait_for(main(), 60))
+        run_on(loop_name, main(), 60)
         if kind == "rsock":  # every loop.sendfile call went to rsock.asyncio
             assert delta(before).get("asyncio:sendfile") == 11
     finally:
@@ -884,10 +890,7 @@ def test_loop_sendfile_cancelled_or_peer_gone(kind: str, loop_name: str, tmp_pat
     if kind == "rsock":
         rsock.patch()
     try:
-        if loop_name == "uvloop":
-            uvloop.run(asyncio.wait_for(main(), 60))
-        else:
-            asyncio.run(asyncio.wait_for(main(), 60))
+        run_on(loop_name, main(), 60)
     finally:
         if kind == "rsock":
             rsock.unpatch()
@@ -974,9 +977,7 @@ def _errors(calls: list[Callable[[], Any]], loop_name: str) -> list[tuple[str, s
                 out.append(("", ""))
         return out
 
-    if loop_name == "uvloop":
-        return uvloop.run(main())  # type: ignore[no-any-return]
-    return asyncio.run(main())
+    return run_on(loop_name, main())
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)
@@ -1329,10 +1330,7 @@ def test_writes_after_the_connection_was_lost(kind: str, loop_name: str) -> None
         return out
 
     try:
-        if loop_name == "uvloop":
-            out = uvloop.run(asyncio.wait_for(main(), 30))
-        else:
-            out = asyncio.run(asyncio.wait_for(main(), 30))
+        out = run_on(loop_name, main(), 30)
     finally:
         if kind == "rsock":
             rsock.unpatch()
@@ -1380,10 +1378,7 @@ def test_drain_raises_once_the_peer_closed(kind: str, loop_name: str) -> None:
             finally:
                 writer.close()
 
-        if loop_name == "uvloop":
-            got = uvloop.run(asyncio.wait_for(main(), 20))
-        else:
-            got = asyncio.run(asyncio.wait_for(main(), 20))
+        got = run_on(loop_name, main(), 20)
         t.join(20)
         listener.close()
     finally:
@@ -1443,10 +1438,7 @@ def test_an_early_answer_of_a_peer_that_aborts_an_upload(kind: str, loop_name: s
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
-            if loop_name == "uvloop":
-                got = uvloop.run(asyncio.wait_for(main(), 60))
-            else:
-                got = asyncio.run(asyncio.wait_for(main(), 60))
+            got = run_on(loop_name, main(), 60)
         t.join(20)
         listener.close()
     finally:
