@@ -255,6 +255,7 @@ def fileno_onto(h: Handle, fd: int) -> None:
 
 WATCH_NOTIFY: int = lib.RSK_WATCH_NOTIFY
 WATCH_FD: int = lib.RSK_WATCH_FD
+WATCH_UNPOLLED: int = lib.RSK_WATCH_UNPOLLED  # with WATCH_FD: nobody polls fileno() yet
 
 
 def set_watch(h: Handle, mask: int) -> int:

@@ -61,6 +61,8 @@ import importlib.abc
 import importlib.machinery
 import operator
 import os
+import select
+import selectors
 import socket as _std
 import sys
 import threading
@@ -366,6 +368,7 @@ def patch() -> None:
     with _lock:
         if _active:
             return
+        lazy = _lazy_fileno()  # (ValueError: nothing changed yet)
         _saved["socket"] = _std.__dict__["socket"]
         _std.socket = socket  # type: ignore[misc]
         if hasattr(os, "sendfile"):
@@ -375,6 +378,8 @@ def patch() -> None:
             _installed[(_Std, "sendmsg")] = (_MISSING, _sendmsg)
             _Std.sendmsg = _sendmsg  # type: ignore[method-assign]
         _rs.tally = _note  # every rsock connection counts, whatever made it
+        _rs.lazy_fd = lazy
+        _patch_pollers(lazy)
         _active = True
         # the loops: now for modules already imported, at import for the others
         # (a module that another thread is importing right now is missed)
@@ -383,6 +388,17 @@ def patch() -> None:
             module = sys.modules.get(name)
             if module is not None and not _initializing(module) and name not in _AT_IMPORT_ONLY:
                 _patch_loops(module)
+
+
+def _lazy_fileno() -> bool:
+    """``RSOCK_FILENO``: "lazy" (the default: a connection's fileno() is
+    exact once something polls it, see ``_exact``) or "exact" (from its
+    first call, as without the patch: for pollers the patch does not hear
+    of, C code polling a socket's fd)."""
+    mode = os.environ.get("RSOCK_FILENO", "") or "lazy"
+    if mode not in ("lazy", "exact"):
+        raise ValueError(f"RSOCK_FILENO={mode!r}: 'lazy' or 'exact'")
+    return mode == "lazy"
 
 
 def unpatch() -> None:
@@ -397,6 +413,8 @@ def unpatch() -> None:
             return
         _active = False
         _rs.tally = None
+        _rs.lazy_fd = False  # (a lazy fileno() turns exact at its next call)
+        _patch_pollers(False)
         original = _saved.pop("socket")
         if _std.__dict__.get("socket") is socket:
             _std.socket = original  # type: ignore[misc]
@@ -430,6 +448,8 @@ def is_patched() -> bool:
 
 # a reader or writer on an rsock connection's fileno(): the notify fd instead
 _FD_METHODS = ("add_reader", "add_writer", "remove_reader", "remove_writer")
+# loop methods that wait on a socket's fileno(): a lazy one is made exact first
+_POLLS_FILENO = ("sock_recv", "sock_recv_into", "sock_recvfrom", "sock_recvfrom_into")
 
 _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
     "asyncio.base_events": {
@@ -442,7 +462,7 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
         ),
     },
     "asyncio.selector_events": {
-        "BaseSelectorEventLoop": ("sock_connect", "sock_sendall", *_FD_METHODS),
+        "BaseSelectorEventLoop": ("sock_connect", "sock_sendall", *_FD_METHODS, *_POLLS_FILENO),
     },
     "uvloop": {
         "Loop": (
@@ -454,6 +474,7 @@ _LOOP_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
             "sock_connect",
             "sock_sendall",
             *_FD_METHODS,
+            *_POLLS_FILENO,
         ),
     },
 }
@@ -886,6 +907,7 @@ def _wrap_sock_connect(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     async def sock_connect(self: Any, sock: Any, address: Any) -> None:
         if not isinstance(sock, _rs.socket) or not _routable(self):
+            _exact(sock)  # (the loop polls its fileno())
             return await original(self, sock, address)  # type: ignore[no-any-return]
         _note("asyncio:sock_connect")
         await _sock_connect(self, sock, address)
@@ -930,10 +952,24 @@ def _wrap_sock_sendall(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     async def sock_sendall(self: Any, sock: Any, data: Any) -> None:
         if not isinstance(sock, _rs.socket) or not _routable(self) or _routed(self, sock):
+            _exact(sock)  # (the loop polls its fileno())
             return await original(self, sock, data)  # type: ignore[no-any-return]
         await _sock_sendall(self, sock, data)
 
     return sock_sendall
+
+
+def _wrap_polls_fileno(original: Any) -> Callable[..., Any]:
+    """A loop's ``sock_recv``-like method: it polls the socket's fileno()
+    (uvloop in C, unseen by the patch's other hooks), so a lazy one is made
+    exact first."""
+
+    @_wraps(original)
+    async def method(self: Any, sock: Any, *args: Any, **kw: Any) -> Any:
+        _exact(sock)
+        return await original(self, sock, *args, **kw)
+
+    return method
 
 
 def _send_some(sock: _rs.socket, view: memoryview, pos: int) -> int:
@@ -1098,7 +1134,9 @@ class _FdRoute:
         if sock is not None and self._watch.is_open():
             self._watch.set_polled(self.loop, self._on_ready, False)
             self._watch.disarm(self.loop, POLLIN)  # (as sock_sendall leaves it)
-            sock._loop_watches_fd(False, closer=self._closed)  # fileno() exact again
+            # fileno() exact again (lazily: only if a poller asked for it)
+            now = not _rs.lazy_fd or sock._core.polled_fd
+            sock._loop_watches_fd(False, now=now, closer=self._closed)
 
     def _on_ready(self) -> None:
         self._active()
@@ -1151,6 +1189,143 @@ def _fd_of(fileobj: Any) -> int:
         return int(fileobj.fileno())
     except (AttributeError, TypeError, ValueError):
         return -1
+
+
+def _exact(fileobj: Any) -> None:
+    """Something is about to poll ``fileobj`` (an fd or an object with
+    fileno(), as the select module takes them): if it is an rsock
+    connection's lazy fileno(), it becomes exact first.  Never raises: the
+    poller's own call reports what is wrong with it."""
+    if type(fileobj) is int:
+        sock = _rs.live(fileobj)
+    elif isinstance(fileobj, _rs.socket):
+        sock = fileobj
+    else:
+        try:
+            sock = _rs.live(operator.index(fileobj.fileno()))
+        except Exception:  # (the poller's own call raises it again)
+            return
+    if sock is not None and sock._fd_lazy():
+        try:
+            sock._exact_fd()
+        except OSError:
+            pass  # closed meanwhile: the poller finds it so
+
+
+def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
+    rlist, wlist, xlist = _exact_all(rlist), _exact_all(wlist), _exact_all(xlist)
+    return _select_std(rlist, wlist, xlist, timeout)
+
+
+class _Poll:
+    """``select.poll()`` while patched: the same object, told of what it
+    registers first (see ``_exact``)."""
+
+    __slots__ = ("_p",)
+
+    def __init__(self) -> None:
+        self._p = _poll_std()
+
+    def register(self, fd: Any, *eventmask: Any) -> None:
+        _exact(fd)
+        self._p.register(fd, *eventmask)
+
+    def modify(self, fd: Any, *eventmask: Any) -> None:
+        _exact(fd)
+        self._p.modify(fd, *eventmask)
+
+    def unregister(self, fd: Any) -> None:
+        self._p.unregister(fd)
+
+    def poll(self, *timeout: Any) -> list[tuple[int, int]]:
+        return self._p.poll(*timeout)
+
+
+class _Epoll:
+    """``select.epoll`` while patched (the stdlib's cannot be subclassed):
+    an epoll object told of what it registers first (see ``_exact``)."""
+
+    __slots__ = ("_e",)
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self._e = _epoll_std(*args, **kw)
+
+    @classmethod
+    def fromfd(cls, fd: Any, /) -> _Epoll:
+        ep = cls.__new__(cls)
+        ep._e = _epoll_std.fromfd(fd)
+        return ep
+
+    def register(self, *args: Any, **kw: Any) -> None:
+        _exact(args[0] if args else kw.get("fd"))
+        self._e.register(*args, **kw)
+
+    def modify(self, *args: Any, **kw: Any) -> None:
+        _exact(args[0] if args else kw.get("fd"))
+        self._e.modify(*args, **kw)
+
+    def unregister(self, *args: Any, **kw: Any) -> None:
+        self._e.unregister(*args, **kw)
+
+    def poll(self, *args: Any, **kw: Any) -> list[tuple[int, int]]:
+        return self._e.poll(*args, **kw)
+
+    def fileno(self) -> int:
+        return self._e.fileno()
+
+    def close(self) -> None:
+        self._e.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._e.closed
+
+    def __enter__(self) -> _Epoll:
+        self._e.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._e.__exit__(*exc)
+
+
+_select_std = select.select
+_poll_std = select.poll
+_epoll_std = select.epoll
+# (module or class, name, stdlib's, ours): the pollers replaced while patched;
+# selectors took the select module's at import
+_POLLERS: tuple[tuple[Any, str, Any, Any], ...] = (
+    (select, "select", select.select, _select),
+    (select, "poll", select.poll, _Poll),
+    (select, "epoll", select.epoll, _Epoll),
+    (selectors.SelectSelector, "_select", select.select, staticmethod(_select)),
+    (selectors.PollSelector, "_selector_cls", select.poll, _Poll),
+    (selectors.EpollSelector, "_selector_cls", select.epoll, _Epoll),
+)
+
+
+def _patch_pollers(on: bool) -> None:
+    """The select module's pollers (and selectors' copies of them) tell
+    rsock of what they are about to poll, while ``lazy_fd`` (``_lock``
+    held).  One someone else replaced meanwhile stays theirs."""
+    for owner, name, std, ours in _POLLERS:
+        now = owner.__dict__.get(name)
+        if on and now is std:
+            setattr(owner, name, ours)
+        elif not on and now is ours:
+            setattr(owner, name, std)
+
+
+def _exact_all(fileobjs: Any) -> Any:
+    """``_exact`` for each of an iterable of them; what to give the poller
+    in its place (a one-shot iterator, read once here, as a list)."""
+    if type(fileobjs) not in (list, tuple):
+        try:
+            fileobjs = list(fileobjs)
+        except TypeError:
+            return fileobjs  # the poller raises its own error
+    for f in fileobjs:
+        _exact(f)
+    return fileobjs
 
 
 def _live_route(key: tuple[int, int]) -> _FdRoute | None:
@@ -1237,6 +1412,16 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
                     # exact without the watcher thread (a dup of the
                     # listener's epoll fd), and never routed: the loop's own
                     return original(self, fd, callback, *args)
+                if sock._fd_lazy():
+                    # nothing keeps fileno() exact: the loop watches the
+                    # notify fd at once (no socketpair, no watcher thread)
+                    route = _new_route(self, key[1])
+                    if route is not None:
+                        import asyncio
+
+                        route.set(writer, asyncio.Handle(callback, args, self, None))
+                        return None
+                    sock._exact_fd()  # (not the running loop's thread)
                 rec = _fd_native.get(key)
                 if rec is None or rec.sock() is not sock:
                     rec = _fd_native[key] = _Native(sock)
@@ -1683,4 +1868,5 @@ _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "add_writer": _wrap_fd_method("add_writer", True, True),
     "remove_reader": _wrap_fd_method("remove_reader", False, False),
     "remove_writer": _wrap_fd_method("remove_writer", True, False),
+    **dict.fromkeys(_POLLS_FILENO, _wrap_polls_fileno),
 }

@@ -116,6 +116,11 @@ _NB_PENDING = 3  # the listener's backlog was full: a thread waits to connect
 # "connect:<provider>", "accept:<provider>" or "refused:tcp", once per
 # connection whatever the API that made it (blocking, non-blocking, asyncio).
 tally: Callable[[str], None] | None = None
+# fileno() of a connection made lazily: a stand-in fd until something polls
+# it (socket._exact_fd), as rsock.patch() sets it: the patch hears of every
+# poller first (select, poll, epoll, the loops' readers and writers), and an
+# event loop that watches the connection's notify fd instead needs none
+lazy_fd = False
 
 
 def _tally(key: str) -> None:
@@ -556,6 +561,7 @@ class _Core:
         "kopts",
         "listen_addr",
         "loop_fd",
+        "polled_fd",
         "fd",
         "forks",
         "fd_block",
@@ -600,6 +606,8 @@ class _Core:
         # its first accept: it cannot change after listen()
         self.listen_addr: tuple[Any, ...] | None = None
         self.loop_fd = 0  # event-loop watches of fileno() (socket._loop_watches_fd)
+        # a poller (select, poll, epoll) asked for fileno() exact (_exact_fd)
+        self.polled_fd = False
         self.fd = -1  # fileno(), once made (the same number for the handle's life)
         self.forks = 0  # _forks when fileno() last asked the engine
         # fileno()'s O_NONBLOCK flag is off (made on: _fd_mode); one flag for
@@ -787,7 +795,7 @@ class socket:
         if h is None:
             return -1 if self._tcp is None else self._tcp.fileno()
         core = self._core
-        if not core.loop_fd and not core.watch & _WATCH_FD:
+        if not core.loop_fd and not core.watch & _WATCH_FD and not (lazy_fd and core.connected):
             self._watch(_WATCH_FD)
         fd = core.fd
         if fd < 0:
@@ -806,6 +814,22 @@ class socket:
         if r is None or r() is not self:  # (cheaper than setting it again)
             _live[fd] = self
         return fd
+
+    def _exact_fd(self) -> None:
+        """Something is about to poll fileno() (``lazy_fd``: rsock.patch()
+        hears of select, poll, epoll and the loops' waits first): kept exact
+        from now on.  (While an event loop watches the connection through
+        its notify fd, as fileno() calls then leave it.)"""
+        core = self._core
+        if self._h is not None and not core.loop_fd and not core.watch & _WATCH_FD:
+            core.polled_fd = True
+            self._set_watch(_WATCH_FD, 0, unpolled=True)
+
+    def _fd_lazy(self) -> bool:
+        """Is fileno() a connection's that nothing keeps exact (lazy_fd:
+        nobody polls it)?"""
+        core = self._core
+        return self._h is not None and core.connected and not core.watch & _WATCH_FD
 
     def _fd_mode(self) -> None:
         """fileno()'s O_NONBLOCK flag as CPython keeps a socket's fd: off only
@@ -869,7 +893,7 @@ class socket:
         if self._core.watch & mask:
             self._set_watch(0, mask)
 
-    def _set_watch(self, on: int, off: int) -> None:
+    def _set_watch(self, on: int, off: int, unpolled: bool = False) -> None:
         """``core.watch`` shows a bit only once the engine has it: a thread
         that sees ``_WATCH_FD`` there goes on to make ``fileno()`` (the
         engine makes an exact socketpair, not a stand-in it would swap
@@ -880,7 +904,7 @@ class socket:
             core = self._core
             new = (core.watch | on) & ~off
             if h is not None and new != core.watch:
-                _ll.set_watch(h, new)
+                _ll.set_watch(h, new | (_ll.WATCH_UNPOLLED if unpolled else 0))
                 core.watch = new
 
     def watch(self, weak: bool = False) -> Watch:
@@ -926,6 +950,8 @@ class socket:
 
     @routed
     def set_inheritable(self, inheritable: bool) -> None:
+        if inheritable:
+            self._exact_fd()  # (what another process polls, we never hear of)
         os.set_inheritable(self.fileno(), inheritable)
         core = self._core
         if not core.connected and not core.nb and (inheritable or core.inheritable):

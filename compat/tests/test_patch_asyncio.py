@@ -41,12 +41,15 @@ def run_on(loop_name: str, coro: Coroutine[Any, Any, T], timeout: float | None =
     if loop_name == "uvloop":
         return uvloop.run(aw)  # type: ignore[no-any-return]
     return asyncio.run(aw)
+
+
 STD_SOCKET = socket.socket
 LOOPS = ["asyncio", "uvloop"]
 CERTS = Path(__file__).resolve().parents[2] / "tests" / "certs"
 BaseEventLoop = asyncio.base_events.BaseEventLoop
 BaseSelectorEventLoop = asyncio.selector_events.BaseSelectorEventLoop
 FD_METHODS = ("add_reader", "add_writer", "remove_reader", "remove_writer")
+POLLS_FILENO = ("sock_recv", "sock_recv_into", "sock_recvfrom", "sock_recvfrom_into")
 ROUTED = {
     BaseEventLoop: (
         "create_connection",
@@ -55,7 +58,7 @@ ROUTED = {
         "start_tls",
         "sendfile",
     ),
-    BaseSelectorEventLoop: ("sock_connect", "sock_sendall", *FD_METHODS),
+    BaseSelectorEventLoop: ("sock_connect", "sock_sendall", *FD_METHODS, *POLLS_FILENO),
     uvloop.Loop: (
         "create_connection",
         "create_server",
@@ -65,6 +68,7 @@ ROUTED = {
         "sock_connect",
         "sock_sendall",
         *FD_METHODS,
+        *POLLS_FILENO,
     ),
 }
 

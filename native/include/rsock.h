@@ -143,6 +143,11 @@ int rsk_check_peer(rsk_sock *s);
  * Each costs a syscall or two on readiness changes. */
 #define RSK_WATCH_NOTIFY 1
 #define RSK_WATCH_FD 2
+/* With RSK_WATCH_FD, not kept in the mask: the caller knows that nobody
+ * polls rsk_fileno yet (rsock.patch() hears of every poller first), so a
+ * stand-in fd becomes exact without the search for other pollers'
+ * registrations to carry over (a read of /proc/self/fd and fdinfo). */
+#define RSK_WATCH_UNPOLLED 4
 int rsk_set_watch(rsk_sock *s, int mask);
 int rsk_set_interest(rsk_sock *s, int events);
 /* Polling mode of an event loop (rsock.asyncio: RSOCK_LOOP_POLL_US).  While

@@ -911,8 +911,11 @@ int rsk_set_watch(rsk_sock *s, int on)
 {
 	int rc;
 
-	if (on & ~(RSK_WATCH_NOTIFY | RSK_WATCH_FD))
+	int unpolled = (on & RSK_WATCH_UNPOLLED) && (on & RSK_WATCH_FD);
+
+	if (on & ~(RSK_WATCH_NOTIFY | RSK_WATCH_FD | RSK_WATCH_UNPOLLED))
 		return -EINVAL;
+	on &= ~RSK_WATCH_UNPOLLED;
 	if (eng_note_unowned(s, &s->watch, on))
 		return 0;
 	if ((rc = eng_enter(s)))
@@ -920,7 +923,8 @@ int rsk_set_watch(rsk_sock *s, int on)
 	if ((s->watch & RSK_WATCH_FD) && !(on & RSK_WATCH_FD))
 		eng_watch_del(s);
 	s->watch = on;
-	eng_leave(s); /* syncs the fds */
+	s->unpolled = unpolled && s->stand_in;
+	eng_leave(s); /* syncs the fds (a stand-in becomes exact) */
 	return 0;
 }
 

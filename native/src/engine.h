@@ -104,6 +104,8 @@ struct rsk_sock {
 	 * (eng_sync_fd). */
 	int fa, fb;
 	int stand_in; /* fa is that eventfd (fb -1) */
+	int unpolled; /* RSK_WATCH_UNPOLLED: nobody polls the stand-in, so
+		       * its exact pair needs no registrations carried over */
 	int fd_mode;  /* fa's O_NONBLOCK is the socket's mode (rsk_fd_blocking):
 		       * a wait with no timeout honours it */
 	int tok;    /* a token sits in fa */
@@ -147,6 +149,9 @@ int eng_fd_make(rsk_sock *s);
  * O_NONBLOCK flag kept: that flag is the socket's mode, which rsock.socket
  * sets (eng_fd_renew, a listener's epfd).  0 or -errno. */
 int eng_fd_dup_onto(int from, int fa);
+/* The same without looking for pollers' registrations of fa (nobody polls
+ * it: RSK_WATCH_UNPOLLED). */
+int eng_fd_dup_onto_unpolled(int from, int fa);
 /* Sets or clears fd's O_NONBLOCK flag (no call if it is so already). */
 void eng_fd_set_nonblock(int fd, int nb);
 /* The epoll fd of a listener, made on first use: 0 or -errno. */

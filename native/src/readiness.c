@@ -645,17 +645,27 @@ static void carry_put(int fd, const struct epoll_carry *c, int n)
 	}
 }
 
-int eng_fd_dup_onto(int from, int fa)
+static int fd_dup_onto(int from, int fa, int carry_over)
 {
 	struct epoll_carry carry[EPOLL_CARRY_MAX];
 	int fl = fcntl(fa, F_GETFL);
-	int n = carry_find(fa, carry, EPOLL_CARRY_MAX);
+	int n = carry_over ? carry_find(fa, carry, EPOLL_CARRY_MAX) : 0;
 
 	if (dup3(from, fa, O_CLOEXEC) < 0)
 		return -errno;
 	eng_fd_set_nonblock(fa, fl >= 0 && (fl & O_NONBLOCK));
 	carry_put(fa, carry, n);
 	return 0;
+}
+
+int eng_fd_dup_onto(int from, int fa)
+{
+	return fd_dup_onto(from, fa, 1);
+}
+
+int eng_fd_dup_onto_unpolled(int from, int fa)
+{
+	return fd_dup_onto(from, fa, 0);
 }
 
 /* A new socketpair for fileno(): its second end becomes fb, set up as
@@ -724,7 +734,8 @@ static int eng_fd_pair_onto(rsk_sock *s)
 		s->fb = -1;
 		return a;
 	}
-	rc = eng_fd_dup_onto(a, fa);
+	rc = s->unpolled ? eng_fd_dup_onto_unpolled(a, fa) :
+			   eng_fd_dup_onto(a, fa);
 	close(a);
 	if (rc < 0) {
 		close(s->fb);
@@ -740,6 +751,7 @@ static int eng_fd_exact(rsk_sock *s)
 {
 	int rc = eng_fd_pair_onto(s);
 
+	s->unpolled = 0;
 	if (!rc)
 		s->stand_in = 0;
 	return rc;

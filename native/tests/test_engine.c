@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
@@ -786,9 +787,54 @@ static void t_watch_fd_writable(void)
 		CHECK_EQ(pfd.revents, POLLIN | POLLOUT | POLLERR | POLLHUP);
 	}
 	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), -ECONNRESET);
-	CHECK_EQ(rsk_set_watch(b, 4), -EINVAL);
+	CHECK_EQ(rsk_set_watch(b, 8), -EINVAL);
 	rsk_free(a);
 	rsk_free(b);
+}
+
+/* A connection's fileno() asked for while nothing watches it exact is a
+ * stand-in (an eventfd); RSK_WATCH_FD makes it a socketpair's end on the
+ * same number, carrying an epoll's registration of it over, unless the
+ * caller says nobody polls it (RSK_WATCH_UNPOLLED: no search). */
+static void t_watch_fd_stand_in(void)
+{
+	struct rsk_opts o = opts(1 << 16, 32);
+	struct epoll_event ev = { .events = EPOLLIN }, got;
+	struct pollfd pfd;
+	struct stat st;
+	rsk_sock *a, *b;
+	int unpolled, fd, ep;
+	char buf[8];
+
+	for (unpolled = 0; unpolled < 2; unpolled++) {
+		CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+		fd = rsk_fileno(a);
+		CHECK(fd >= 0);
+		CHECK_EQ(fstat(fd, &st), 0);
+		CHECK(!S_ISSOCK(st.st_mode));
+		ep = epoll_create1(EPOLL_CLOEXEC);
+		CHECK(ep >= 0);
+		CHECK_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+		CHECK_EQ(rsk_set_watch(a, RSK_WATCH_FD |
+					      (unpolled ? RSK_WATCH_UNPOLLED : 0)),
+			 0);
+		CHECK_EQ(rsk_fileno(a), fd);
+		CHECK_EQ(fstat(fd, &st), 0);
+		CHECK(S_ISSOCK(st.st_mode));
+		pfd = (struct pollfd){ .fd = fd, .events = POLLIN };
+		CHECK_EQ(poll(&pfd, 1, 0), 0);
+		CHECK_EQ(rsk_send(b, "12345678", 8, 0, -1), 8);
+		CHECK_EQ(poll(&pfd, 1, 1000), 1);
+		/* the registration went with the stand-in's file unless told
+		 * nobody polls it (then there was none to carry: not looked for) */
+		CHECK_EQ(epoll_wait(ep, &got, 1, 0), unpolled ? 0 : 1);
+		CHECK_EQ(rsk_recv(a, buf, 8, 0, -1), 8);
+		CHECK_EQ(poll(&pfd, 1, 0), 0);
+		close(ep);
+		rsk_close(b);
+		rsk_free(a);
+		rsk_free(b);
+	}
 }
 
 /* RSK_WATCH_NOTIFY with interest in POLLOUT: the notify fd turns readable
@@ -1355,6 +1401,7 @@ int main(void)
 	RUN(t_random_hostile_peer);
 	RUN(t_watch_fd);
 	RUN(t_watch_fd_writable);
+	RUN(t_watch_fd_stand_in);
 	RUN(t_watch_write_interest);
 	RUN(t_polled_spin);
 	RUN(t_fork_child_serves);

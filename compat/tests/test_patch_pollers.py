@@ -1,0 +1,358 @@
+"""``rsock.patch()`` and the pollers: a connection's ``fileno()`` is made
+lazily (a stand-in fd, no socketpair, no watcher thread) and becomes exact the
+moment something is about to poll it: ``select.select``, ``select.poll``,
+``select.epoll``, the ``selectors`` classes, the loops' ``sock_recv``-like
+methods.  An event loop's ``add_reader``/``add_writer`` watch the notify fd
+instead (tornado's way).  Each behaviour runs against stdlib TCP too (the
+oracle): a poller that was not told would sleep through the data."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import selectors
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import uvloop
+
+import rsock
+from rsock import _patch
+
+STD_SOCKET = socket.socket
+KINDS = ["tcp", "rsock"]
+LOOPS = ["asyncio", "uvloop"]
+
+
+@pytest.fixture
+def kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """"rsock": patched, socket.socket makes rsock sockets; "tcp": not."""
+    if request.param == "rsock":
+        rsock.patch()
+    try:
+        yield request.param
+    finally:
+        rsock.unpatch()
+
+
+def connected_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.socket()
+        client.settimeout(10)
+        client.connect(listener.getsockname())
+        server, _ = listener.accept()
+    server.settimeout(10)
+    return client, server
+
+
+def is_socketpair_end(fd: int) -> bool:
+    return stat.S_ISSOCK(os.fstat(fd).st_mode)
+
+
+def send_later(sock: socket.socket, data: bytes, delay: float = 0.05) -> threading.Thread:
+    t = threading.Thread(target=lambda: (time.sleep(delay), sock.sendall(data)))
+    t.start()
+    return t
+
+
+def wait_select(sock: socket.socket, timeout: float) -> bool:
+    r, _, _ = select.select([sock], [], [], timeout)
+    return bool(r)
+
+
+def wait_select_fd(sock: socket.socket, timeout: float) -> bool:
+    r, _, _ = select.select([sock.fileno()], [], [], timeout)
+    return bool(r)
+
+
+def wait_poll(sock: socket.socket, timeout: float) -> bool:
+    p = select.poll()
+    p.register(sock.fileno(), select.POLLIN)
+    return bool(p.poll(timeout * 1000))
+
+
+def wait_epoll(sock: socket.socket, timeout: float) -> bool:
+    with select.epoll() as ep:
+        ep.register(sock.fileno(), select.EPOLLIN)
+        return bool(ep.poll(timeout))
+
+
+def selector_waiter(cls: type[selectors.BaseSelector]) -> Callable[[socket.socket, float], bool]:
+    def wait(sock: socket.socket, timeout: float) -> bool:
+        with cls() as sel:
+            sel.register(sock, selectors.EVENT_READ)
+            return bool(sel.select(timeout))
+
+    return wait
+
+
+WAITERS = {
+    "select": wait_select,
+    "select-fd": wait_select_fd,
+    "poll": wait_poll,
+    "epoll": wait_epoll,
+    "DefaultSelector": selector_waiter(selectors.DefaultSelector),
+    "PollSelector": selector_waiter(selectors.PollSelector),
+    "SelectSelector": selector_waiter(selectors.SelectSelector),
+}
+
+
+@pytest.mark.timeout_s(30)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("waiter", list(WAITERS))
+def test_a_poller_sees_a_connection_whose_fileno_was_asked_before(
+    kind: str, waiter: str
+) -> None:
+    """fileno() first (an rsock connection's is lazy then), the poller after:
+    it sees nothing, then the data the peer sends, then nothing again once
+    read; the fd number never changes."""
+    wait = WAITERS[waiter]
+    client, server = connected_pair()
+    try:
+        fd = server.fileno()
+        assert not wait(server, 0)
+        sender = send_later(client, b"x")
+        start = time.monotonic()
+        assert wait(server, 10), "the poller slept through the data"
+        assert time.monotonic() - start < 5
+        sender.join()
+        assert server.recv(10) == b"x"
+        assert not wait(server, 0)
+        assert server.fileno() == fd
+        client.close()
+        assert wait(server, 10)  # EOF
+        assert server.recv(10) == b""
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize("kind", ["rsock"], indirect=True)
+def test_a_connection_fileno_is_a_stand_in_until_polled(kind: str) -> None:
+    """The fast path: no socketpair for a fileno() nobody polls; the first
+    poller makes it one, on the same number."""
+    client, server = connected_pair()
+    try:
+        fd = server.fileno()
+        assert not is_socketpair_end(fd)
+        select.select([server], [], [], 0)
+        assert server.fileno() == fd
+        assert is_socketpair_end(fd)
+    finally:
+        client.close()
+        server.close()
+
+
+def test_rsock_fileno_exact_makes_it_exact_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RSOCK_FILENO", "exact")
+    rsock.patch()
+    try:
+        client, server = connected_pair()
+        with client, server:
+            assert is_socketpair_end(server.fileno())
+    finally:
+        rsock.unpatch()
+
+
+def test_rsock_fileno_takes_two_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RSOCK_FILENO", "sometimes")
+    with pytest.raises(ValueError, match="RSOCK_FILENO='sometimes'"):
+        rsock.patch()
+    assert not _patch.is_patched()
+    assert socket.socket is STD_SOCKET
+
+
+def test_unpatch_puts_the_pollers_back() -> None:
+    def state() -> list[Any]:
+        return [
+            select.select,
+            select.poll,
+            select.epoll,
+            selectors.SelectSelector.__dict__["_select"],
+            selectors.PollSelector._selector_cls,
+            selectors.EpollSelector._selector_cls,
+        ]
+
+    before = state()
+    rsock.patch()
+    try:
+        during = state()
+        assert all(a is not b for a, b in zip(before, during, strict=True))
+    finally:
+        rsock.unpatch()
+    assert all(a is b for a, b in zip(before, state(), strict=True))
+
+
+@pytest.mark.parametrize("kind", ["rsock"], indirect=True)
+def test_after_unpatch_a_lazy_fileno_turns_exact(kind: str) -> None:
+    client, server = connected_pair()
+    try:
+        fd = server.fileno()
+        rsock.unpatch()
+        assert server.fileno() == fd
+        assert is_socketpair_end(fd)
+        sender = send_later(client, b"y")
+        assert wait_select(server, 10)
+        sender.join()
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize("epoll", [select.epoll, "patched"])
+def test_epoll_stand_in_behaves_as_the_stdlib_one(epoll: Any) -> None:
+    """What code does with an epoll object, on the patch's own (which the
+    stdlib's cannot be subclassed into)."""
+    if epoll == "patched":
+        rsock.patch()
+    try:
+        ep = select.epoll()
+        assert not ep.closed and ep.fileno() >= 0
+        assert not os.get_inheritable(ep.fileno())
+        ep2 = select.epoll.fromfd(os.dup(ep.fileno()))
+        r, w = os.pipe()
+        try:
+            ep.register(r, select.EPOLLIN)
+            with pytest.raises(FileExistsError):
+                ep.register(r)
+            ep.modify(fd=r, eventmask=select.EPOLLIN | select.EPOLLOUT)
+            assert ep.poll(0) == []
+            os.write(w, b"z")
+            assert ep.poll(timeout=1, maxevents=1) == [(r, select.EPOLLIN)]
+            ep.unregister(r)
+            with pytest.raises(FileNotFoundError):
+                ep.unregister(r)
+            with pytest.raises(TypeError):
+                ep.register("not an fd")
+        finally:
+            os.close(r)
+            os.close(w)
+        with ep2:
+            assert not ep2.closed
+        assert ep2.closed
+        ep.close()
+        assert ep.closed
+        with pytest.raises(ValueError):
+            ep.poll(0)
+    finally:
+        rsock.unpatch()
+
+
+# --------------------------------------------------------------------------- event loops
+
+
+def run_on(loop_name: str, main: Callable[[], Any], timeout: float = 20) -> Any:
+    coro = asyncio.wait_for(main(), timeout)
+    return uvloop.run(coro) if loop_name == "uvloop" else asyncio.run(coro)
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_reader_on_a_fresh_fileno_runs_without_a_socketpair(kind: str, loop_name: str) -> None:
+    """tornado's way (fileno(), then add_reader): the reader runs when the
+    peer sends; on rsock the loop watches the notify fd, and fileno() stays
+    a stand-in (no socketpair made, no watcher thread woken) until a poller
+    asks, after the reader went."""
+    client, server = connected_pair()
+    server.setblocking(False)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        fd = server.fileno()
+        got: asyncio.Future[bytes] = loop.create_future()
+
+        def readable() -> None:
+            if not got.done():
+                got.set_result(server.recv(10))
+
+        loop.add_reader(fd, readable)
+        sender = send_later(client, b"hello")
+        assert await got == b"hello"
+        sender.join()
+        loop.remove_reader(fd)
+        await asyncio.sleep(0.01)  # (the route ends at the loop's next round)
+        if kind == "rsock":
+            assert not is_socketpair_end(fd)
+        assert not wait_select(server, 0)
+        client.sendall(b"again")
+        assert wait_select(server, 10)
+        assert server.recv(10) == b"again"
+
+    try:
+        run_on(loop_name, main)
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_polled_fileno_stays_exact_after_a_loop_reader_went(kind: str, loop_name: str) -> None:
+    """A poller of the program's own registered the fd before a loop's
+    reader came and went: it still wakes for the data after."""
+    client, server = connected_pair()
+    server.setblocking(False)
+    own = select.epoll()
+    own.register(server.fileno(), select.EPOLLIN)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        fd = server.fileno()
+        got: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda: got.done() or got.set_result(None))
+        client.sendall(b"1")
+        await got
+        assert server.recv(10) == b"1"
+        loop.remove_reader(fd)
+        await asyncio.sleep(0.01)
+
+    try:
+        run_on(loop_name, main)
+        assert own.poll(0) == []
+        sender = send_later(client, b"2")
+        assert own.poll(10) == [(server.fileno(), select.EPOLLIN)]
+        sender.join()
+        assert server.recv(10) == b"2"
+    finally:
+        own.close()
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("loop_name", LOOPS)
+@pytest.mark.parametrize("method", ["sock_recv", "sock_recv_into"])
+def test_sock_recv_after_fileno_was_asked(kind: str, loop_name: str, method: str) -> None:
+    """The loops' sock_recv waits on fileno() itself (uvloop in C): a lazy
+    one is made exact first, so the data that comes later wakes it."""
+    client, server = connected_pair()
+    server.setblocking(False)
+    server.fileno()
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        sender = send_later(client, b"late", delay=0.1)
+        if method == "sock_recv":
+            data = await loop.sock_recv(server, 10)
+        else:
+            buf = bytearray(10)
+            data = bytes(buf[: await loop.sock_recv_into(server, buf)])
+        sender.join()
+        return data
+
+    try:
+        assert run_on(loop_name, main) == b"late"
+    finally:
+        client.close()
+        server.close()
