@@ -1192,22 +1192,17 @@ def _fd_of(fileobj: Any) -> int:
 
 
 def _exact(fileobj: Any) -> None:
-    """Something is about to poll ``fileobj`` (an fd or an object with
-    fileno(), as the select module takes them): if it is an rsock
-    connection's lazy fileno(), it becomes exact first.  Never raises: the
-    poller's own call reports what is wrong with it."""
+    """Something is about to poll ``fileobj`` (an fd, or an object with
+    fileno() as the select module takes them): if it is an rsock
+    connection's lazy fileno(), it becomes exact first.  No other object's
+    fileno() is called (the poller calls it, once, as it always did), and
+    nothing is raised (the poller's own call reports what is wrong)."""
     if type(fileobj) is int:
-        sock = _rs.live(fileobj)
-    elif isinstance(fileobj, _rs.socket):
-        sock = fileobj
-    else:
+        fileobj = _rs.live(fileobj)
+    exact = getattr(type(fileobj), "_exact_fd", None)  # rsock's sockets, TLS ones too
+    if exact is not None:
         try:
-            sock = _rs.live(operator.index(fileobj.fileno()))
-        except Exception:  # (the poller's own call raises it again)
-            return
-    if sock is not None and sock._fd_lazy():
-        try:
-            sock._exact_fd()
+            exact(fileobj)
         except OSError:
             pass  # closed meanwhile: the poller finds it so
 

@@ -821,7 +821,7 @@ class socket:
         from now on.  (While an event loop watches the connection through
         its notify fd, as fileno() calls then leave it.)"""
         core = self._core
-        if self._h is not None and not core.loop_fd and not core.watch & _WATCH_FD:
+        if self._h is not None and not core.watch & _WATCH_FD and not core.loop_fd:
             core.polled_fd = True
             self._set_watch(_WATCH_FD, 0, unpolled=True)
 

@@ -370,6 +370,12 @@ class SSLSocket:
         sock = self._sock
         return -1 if sock is None else sock.fileno()
 
+    def _exact_fd(self) -> None:
+        """(rsock.patch(): something is about to poll fileno())"""
+        sock = self._sock
+        if sock is not None:
+            sock._exact_fd()
+
     def getpeername(self) -> Any:
         return self._inner().getpeername()
 

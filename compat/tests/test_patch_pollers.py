@@ -13,10 +13,12 @@ import os
 import select
 import selectors
 import socket
+import ssl
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,6 +135,74 @@ def test_a_poller_sees_a_connection_whose_fileno_was_asked_before(
     finally:
         client.close()
         server.close()
+
+
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_a_poller_calls_other_objects_fileno_as_the_stdlib_does(kind: str) -> None:
+    """The patch never calls fileno() of an object it does not know: the
+    poller's own call is the only one (CPython's test_select_mutated: each
+    fileno() call there shortens the list select is going through)."""
+    r, w = os.pipe()
+    try:
+        calls = []
+
+        class Fd:
+            def fileno(self) -> int:
+                calls.append(1)
+                if len(calls) == 1:
+                    del watched[-1]
+                return w
+
+        watched: list[Any] = [Fd()] * 4
+        assert select.select([], watched, [], 0) == ([], watched[:3], [])
+        assert len(calls) == 3
+        p = select.poll()
+        p.register(Fd(), select.POLLOUT)
+        assert p.poll(0) == [(w, select.POLLOUT)]
+        with select.epoll() as ep:
+            ep.register(Fd(), select.EPOLLOUT)
+            assert ep.poll(0) == [(w, select.EPOLLOUT)]
+        assert len(calls) == 5
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.timeout_s(30)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_a_tls_connection_polled_after_its_fileno_was_asked(kind: str) -> None:
+    """A TLS socket's fileno() is its connection's: lazy too, and made exact
+    when select() is given the TLS socket."""
+    certs = Path(__file__).resolve().parents[2] / "tests" / "certs"
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(certs / "localhost.crt", certs / "localhost.key")
+    client_ctx = ssl.create_default_context(cafile=str(certs / "localhost.crt"))
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        done = threading.Event()
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with server_ctx.wrap_socket(conn, server_side=True) as s:
+                s.recv(10)
+                time.sleep(0.05)
+                s.sendall(b"late")
+                done.wait(10)
+
+        t = threading.Thread(target=serve)
+        t.start()
+        try:
+            raw = socket.create_connection(listener.getsockname(), timeout=10)
+            with client_ctx.wrap_socket(raw, server_hostname="localhost") as c:
+                c.fileno()
+                c.sendall(b"go")
+                r, _, _ = select.select([c], [], [], 10)
+                assert r == [c], "the poller slept through the data"
+                assert c.recv(10) == b"late"
+        finally:
+            done.set()
+            t.join(10)
 
 
 @pytest.mark.parametrize("kind", ["rsock"], indirect=True)
