@@ -1213,13 +1213,15 @@ def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
 
 
 class _Poll:
-    """``select.poll()`` while patched: the same object, told of what it
-    registers first (see ``_exact``)."""
+    """What ``select.poll()`` makes while patched: the stdlib's poll object,
+    told of what it registers first (see ``_exact``).  As the stdlib's, the
+    type cannot be called (``_poll`` makes them)."""
 
     __slots__ = ("_p",)
+    _p: Any  # (select.poll's object: typeshed names no class for it)
 
-    def __init__(self) -> None:
-        self._p = _poll_std()
+    def __new__(cls, *args: Any, **kw: Any) -> _Poll:
+        raise TypeError(f"cannot create '{cls.__module__}.{cls.__qualname__}' instances")
 
     def register(self, fd: Any, *eventmask: Any) -> None:
         _exact(fd)
@@ -1233,7 +1235,7 @@ class _Poll:
         self._p.unregister(fd)
 
     def poll(self, *timeout: Any) -> list[tuple[int, int]]:
-        return self._p.poll(*timeout)
+        return self._p.poll(*timeout)  # type: ignore[no-any-return]
 
 
 class _Epoll:
@@ -1283,6 +1285,13 @@ class _Epoll:
         self._e.__exit__(*exc)
 
 
+def _poll() -> _Poll:
+    """``select.poll`` while patched."""
+    p = object.__new__(_Poll)
+    p._p = _poll_std()
+    return p
+
+
 _select_std = select.select
 _poll_std = select.poll
 _epoll_std = select.epoll
@@ -1290,10 +1299,10 @@ _epoll_std = select.epoll
 # selectors took the select module's at import
 _POLLERS: tuple[tuple[Any, str, Any, Any], ...] = (
     (select, "select", select.select, _select),
-    (select, "poll", select.poll, _Poll),
+    (select, "poll", select.poll, _poll),
     (select, "epoll", select.epoll, _Epoll),
     (selectors.SelectSelector, "_select", select.select, staticmethod(_select)),
-    (selectors.PollSelector, "_selector_cls", select.poll, _Poll),
+    (selectors.PollSelector, "_selector_cls", select.poll, staticmethod(_poll)),
     (selectors.EpollSelector, "_selector_cls", select.epoll, _Epoll),
 )
 

@@ -8,13 +8,13 @@ oracle): a poller that was not told would sleep through the data."""
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import os
 import select
 import selectors
 import socket
 import ssl
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,7 +56,13 @@ def connected_pair() -> tuple[socket.socket, socket.socket]:
 
 
 def is_socketpair_end(fd: int) -> bool:
-    return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    """Is fd a stream socket (the exact fileno(), not the lazy stand-in,
+    an unbound datagram socket)?"""
+    s = _socket.socket(fileno=os.dup(fd))
+    try:
+        return s.type == socket.SOCK_STREAM
+    finally:
+        s.close()
 
 
 def send_later(sock: socket.socket, data: bytes, delay: float = 0.05) -> threading.Thread:

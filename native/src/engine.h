@@ -99,11 +99,12 @@ struct rsk_sock {
 	 * listener's fa is a second fd of epfd and fb is -1.  A connection
 	 * whose fileno() is made while nobody asks for it exact (no
 	 * RSK_WATCH_FD: an event loop watches its notify fd) gets a stand-in
-	 * first, an eventfd (never readable, always writable), which becomes
+	 * first, an unbound datagram socket (never readable, always
+	 * writable), which becomes
 	 * a socketpair's end, on the same number, when RSK_WATCH_FD comes on
 	 * (eng_sync_fd). */
 	int fa, fb;
-	int stand_in; /* fa is that eventfd (fb -1) */
+	int stand_in; /* fa is that stand-in (fb -1) */
 	int unpolled; /* RSK_WATCH_UNPOLLED: nobody polls the stand-in, so
 		       * its exact pair needs no registrations carried over */
 	int fd_mode;  /* fa's O_NONBLOCK is the socket's mode (rsk_fd_blocking):

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -705,8 +704,12 @@ int eng_fd_make(rsk_sock *s)
 	}
 	if (s->kind == K_CONN && !(s->watch & RSK_WATCH_FD) && !s->closed) {
 		/* nobody asks for it exact (yet): a stand-in, one fd and one
-		 * call instead of a socketpair set up in four (eng_fd_exact) */
-		s->fa = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		 * call instead of a socketpair set up in four (eng_fd_exact).
+		 * An unbound datagram socket: a socket, never readable, always
+		 * writable, read(fd, 0) gives 0 and a write fails (an eventfd
+		 * would take 8-byte writes and refuse reads of 0 bytes) */
+		s->fa = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+			       0);
 		if (s->fa < 0)
 			return -errno;
 		s->stand_in = 1;
