@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _socket
 import asyncio
+import errno
 import os
 import select
 import selectors
@@ -56,11 +57,15 @@ def connected_pair() -> tuple[socket.socket, socket.socket]:
 
 
 def is_socketpair_end(fd: int) -> bool:
-    """Is fd a stream socket (the exact fileno(), not the lazy stand-in,
-    an unbound datagram socket)?"""
+    """Is fd a connected socket (the exact fileno(), not the lazy stand-in,
+    an unconnected one)?"""
     s = _socket.socket(fileno=os.dup(fd))
     try:
-        return s.type == socket.SOCK_STREAM
+        s.getpeername()
+        return True
+    except OSError as e:
+        assert e.errno == errno.ENOTCONN
+        return False
     finally:
         s.close()
 
@@ -209,6 +214,22 @@ def test_a_tls_connection_polled_after_its_fileno_was_asked(kind: str) -> None:
         finally:
             done.set()
             t.join(10)
+
+
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_a_fresh_fileno_reads_as_an_open_fd(kind: str) -> None:
+    """CPython's test_ssl test_makefile_close checks that the fd is open so:
+    a read of 0 bytes gives b"", and EBADF once the socket is closed."""
+    client, server = connected_pair()
+    fd = server.fileno()
+    try:
+        assert os.read(fd, 0) == b""
+    finally:
+        client.close()
+        server.close()
+    with pytest.raises(OSError) as e:
+        os.read(fd, 0)
+    assert e.value.errno == errno.EBADF
 
 
 @pytest.mark.parametrize("kind", ["rsock"], indirect=True)

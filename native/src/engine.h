@@ -99,8 +99,8 @@ struct rsk_sock {
 	 * listener's fa is a second fd of epfd and fb is -1.  A connection
 	 * whose fileno() is made while nobody asks for it exact (no
 	 * RSK_WATCH_FD: an event loop watches its notify fd) gets a stand-in
-	 * first, an unbound datagram socket (never readable, always
-	 * writable), which becomes
+	 * first, an unconnected Unix stream socket (always ready to a poller:
+	 * POLLOUT | POLLHUP; reads and writes fail), which becomes
 	 * a socketpair's end, on the same number, when RSK_WATCH_FD comes on
 	 * (eng_sync_fd). */
 	int fa, fb;

@@ -705,10 +705,13 @@ int eng_fd_make(rsk_sock *s)
 	if (s->kind == K_CONN && !(s->watch & RSK_WATCH_FD) && !s->closed) {
 		/* nobody asks for it exact (yet): a stand-in, one fd and one
 		 * call instead of a socketpair set up in four (eng_fd_exact).
-		 * An unbound datagram socket: a socket, never readable, always
-		 * writable, read(fd, 0) gives 0 and a write fails (an eventfd
-		 * would take 8-byte writes and refuse reads of 0 bytes) */
-		s->fa = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		 * An unconnected Unix stream socket: read(fd, 0) gives 0, other
+		 * reads and writes fail at once (no bytes lost, no wait: a dup
+		 * adopted as a socket fails its calls), epoll takes it, and a
+		 * poller rsock never heard of (C code) finds it always ready
+		 * (POLLOUT | POLLHUP), so it calls the socket's methods and gets
+		 * their answers, where a never-ready fd would leave it asleep */
+		s->fa = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
 			       0);
 		if (s->fa < 0)
 			return -errno;

@@ -791,16 +791,16 @@ static void t_watch_fd_writable(void)
 	rsk_free(b);
 }
 
-static int sock_type(int fd)
+static int connected(int fd)
 {
-	int t = -1;
-	socklen_t n = sizeof(t);
+	struct sockaddr_un peer;
+	socklen_t n = sizeof(peer);
 
-	return getsockopt(fd, SOL_SOCKET, SO_TYPE, &t, &n) < 0 ? -errno : t;
+	return getpeername(fd, (struct sockaddr *)&peer, &n) == 0;
 }
 
 /* A connection's fileno() asked for while nothing watches it exact is a
- * stand-in (an unbound datagram socket); RSK_WATCH_FD makes it a socketpair's end on the
+ * stand-in (an unconnected Unix stream socket); RSK_WATCH_FD makes it a socketpair's end on the
  * same number, carrying an epoll's registration of it over, unless the
  * caller says nobody polls it (RSK_WATCH_UNPOLLED: no search). */
 static void t_watch_fd_stand_in(void)
@@ -816,11 +816,12 @@ static void t_watch_fd_stand_in(void)
 		CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
 		fd = rsk_fileno(a);
 		CHECK(fd >= 0);
-		CHECK_EQ(sock_type(fd), SOCK_DGRAM);
+		CHECK(!connected(fd));
 		CHECK_EQ(read(fd, buf, 0), 0); /* (as a socket's) */
+		CHECK_EQ(write(fd, "x", 1), -1); /* no byte lost */
 		pfd = (struct pollfd){ .fd = fd, .events = POLLIN | POLLOUT };
 		CHECK_EQ(poll(&pfd, 1, 0), 1);
-		CHECK_EQ(pfd.revents, POLLOUT);
+		CHECK_EQ(pfd.revents, POLLOUT | POLLHUP);
 		ep = epoll_create1(EPOLL_CLOEXEC);
 		CHECK(ep >= 0);
 		CHECK_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
@@ -828,7 +829,7 @@ static void t_watch_fd_stand_in(void)
 					      (unpolled ? RSK_WATCH_UNPOLLED : 0)),
 			 0);
 		CHECK_EQ(rsk_fileno(a), fd);
-		CHECK_EQ(sock_type(fd), SOCK_STREAM);
+		CHECK(connected(fd));
 		pfd = (struct pollfd){ .fd = fd, .events = POLLIN };
 		CHECK_EQ(poll(&pfd, 1, 0), 0);
 		CHECK_EQ(rsk_send(b, "12345678", 8, 0, -1), 8);
