@@ -1217,8 +1217,12 @@ class _Poll:
     told of what it registers first (see ``_exact``).  As the stdlib's, the
     type cannot be called (``_poll`` makes them)."""
 
-    __slots__ = ("_p",)
+    # poll and unregister are the stdlib object's own (bound): no call more
+    # per poll for a loop's selector
+    __slots__ = ("_p", "poll", "unregister")
     _p: Any  # (select.poll's object: typeshed names no class for it)
+    poll: Callable[..., list[tuple[int, int]]]
+    unregister: Callable[[Any], None]
 
     def __new__(cls, *args: Any, **kw: Any) -> _Poll:
         raise TypeError(f"cannot create '{cls.__module__}.{cls.__qualname__}' instances")
@@ -1231,26 +1235,32 @@ class _Poll:
         _exact(fd)
         self._p.modify(fd, *eventmask)
 
-    def unregister(self, fd: Any) -> None:
-        self._p.unregister(fd)
-
-    def poll(self, *timeout: Any) -> list[tuple[int, int]]:
-        return self._p.poll(*timeout)  # type: ignore[no-any-return]
 
 
 class _Epoll:
     """``select.epoll`` while patched (the stdlib's cannot be subclassed):
     an epoll object told of what it registers first (see ``_exact``)."""
 
-    __slots__ = ("_e",)
+    # poll, unregister and fileno are the stdlib object's own (bound): no
+    # call more per poll for a loop's selector or trio
+    __slots__ = ("_e", "poll", "unregister", "fileno")
+    poll: Callable[..., list[tuple[int, int]]]
+    unregister: Callable[..., None]
+    fileno: Callable[[], int]
 
     def __init__(self, *args: Any, **kw: Any) -> None:
-        self._e = _epoll_std(*args, **kw)
+        self._take(_epoll_std(*args, **kw))
+
+    def _take(self, e: select.epoll) -> None:
+        self._e = e
+        self.poll = e.poll
+        self.unregister = e.unregister
+        self.fileno = e.fileno
 
     @classmethod
     def fromfd(cls, fd: Any, /) -> _Epoll:
         ep = cls.__new__(cls)
-        ep._e = _epoll_std.fromfd(fd)
+        ep._take(_epoll_std.fromfd(fd))
         return ep
 
     def register(self, *args: Any, **kw: Any) -> None:
@@ -1260,15 +1270,6 @@ class _Epoll:
     def modify(self, *args: Any, **kw: Any) -> None:
         _exact(args[0] if args else kw.get("fd"))
         self._e.modify(*args, **kw)
-
-    def unregister(self, *args: Any, **kw: Any) -> None:
-        self._e.unregister(*args, **kw)
-
-    def poll(self, *args: Any, **kw: Any) -> list[tuple[int, int]]:
-        return self._e.poll(*args, **kw)
-
-    def fileno(self) -> int:
-        return self._e.fileno()
 
     def close(self) -> None:
         self._e.close()
@@ -1288,7 +1289,9 @@ class _Epoll:
 def _poll() -> _Poll:
     """``select.poll`` while patched."""
     p = object.__new__(_Poll)
-    p._p = _poll_std()
+    p._p = std = _poll_std()
+    p.poll = std.poll
+    p.unregister = std.unregister
     return p
 
 
