@@ -500,7 +500,13 @@ _TRIO_WAKEUP: dict[str, dict[str, tuple[str, ...]]] = {
 # trio's waits on an rsock connection's fileno(): its notify fd instead
 _TRIO_IO: dict[str, dict[str, tuple[str, ...]]] = {
     "trio._core._io_epoll": {
-        "EpollIOManager": ("_update_registrations", "process_events", "notify_closing", "close"),
+        "EpollIOManager": (
+            "_update_registrations",
+            "process_events",
+            "notify_closing",
+            "close",
+            "wait_writable",
+        ),
     },
 }
 # every module whose classes patch() changes: now, or when it is imported
@@ -1844,6 +1850,25 @@ def _wrap_trio_notify_closing(original: Any) -> Callable[..., Any]:
     return notify_closing
 
 
+def _wrap_trio_wait_writable(original: Any) -> Callable[..., Any]:
+    """trio's connect waits for the socket to turn writable after the
+    EINPROGRESS of its non-blocking connect (then reads SO_ERROR).  An rsock
+    connect that had completed at once (an rsock connection is up when
+    connect() returns) needs no wait: a checkpoint only (no route made for
+    it, no round of the loop).  Once: later waits are trio's."""
+
+    @_wraps(original)
+    async def wait_writable(self: Any, fd: Any) -> None:
+        if isinstance(fd, _rs.socket) and fd._connected_at_once():
+            from trio import lowlevel
+
+            await lowlevel.checkpoint()
+            return
+        await original(self, fd)
+
+    return wait_writable
+
+
 def _wrap_trio_io_close(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     def close(self: Any) -> None:
@@ -1860,6 +1885,7 @@ _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "wakeup_on_signals": _wrap_trio_wakeup_on_signals,
     "WakeupSocketpair.close": _wrap_trio_wakeup_close,
     "EpollIOManager.close": _wrap_trio_io_close,
+    "wait_writable": _wrap_trio_wait_writable,
     "_update_registrations": _wrap_trio_update_registrations,
     "process_events": _wrap_trio_process_events,
     "notify_closing": _wrap_trio_notify_closing,

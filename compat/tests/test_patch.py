@@ -521,6 +521,51 @@ def test_trio_waits(kind: str, tmp_path: Path) -> None:
     ], out
 
 
+_TRIO_CONNECT = """
+import socket, sys, threading, trio
+from rsock import _patch
+
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+
+def echo():
+    conn, _ = listener.accept()
+    with conn:
+        conn.sendall(conn.recv(10))
+
+threading.Thread(target=echo).start()
+
+async def main():
+    s = trio.socket.socket()
+    with s:
+        await s.connect(listener.getsockname())
+        print("connected, waited by a route:", any(k[1] == s.fileno() for k in _patch._trio_routes))
+        print("SO_ERROR:", s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+        await s.send(b"ping")
+        print("echo:", await s.recv(10))
+        with trio.move_on_after(5):
+            await trio.lowlevel.wait_writable(s)  # (connected long since: trio's own wait)
+            print("writable")
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_trio_connect(kind: str, tmp_path: Path) -> None:
+    """trio's non-blocking connect, then its wait for writable and SO_ERROR:
+    an rsock connection that was up at once needs no wait (no route made for
+    it: a checkpoint only); TCP (plain Python) is the oracle."""
+    out = run_as(kind, _TRIO_CONNECT, tmp_path, timeout=60)
+    assert out.splitlines() == [
+        "connected, waited by a route: False",
+        "SO_ERROR: 0",
+        "echo: b'ping'",
+        "writable",
+    ], out
+
+
 _TRIO_ENDS = """
 import functools, gc, resource, sys, threading, trio
 
