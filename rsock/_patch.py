@@ -1156,9 +1156,10 @@ class _FdRoute:
 
 _READABLE = _ll.POLLIN | _ll.POLLERR | _ll.POLLHUP
 _WRITABLE = _ll.POLLOUT | _ll.POLLERR | _ll.POLLHUP
-# Events the loop's own watch of a fileno() serves before it is routed: a
-# route costs more to set up than the watcher's wake-ups of a short-lived
-# connection (a new connection per request: ~3 events a side)
+# Events the loop's own watch of an exact fileno() serves before it is routed:
+# a route costs more to set up than the watcher's wake-ups of a short-lived
+# connection (a new connection per request: ~3 events a side).  A lazy one
+# (nothing made it exact: no socketpair, no watcher) is routed at once.
 _ROUTE_AFTER = 8
 _NEVER = -(1 << 62)  # the events of a fileno() that cannot be routed
 # (id(loop), fd) -> the route of that fileno() on that loop
