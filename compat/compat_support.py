@@ -52,7 +52,7 @@ def _restore_sigint() -> None:  # pragma: no cover - runs in the child
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _popen_kwargs() -> dict[str, Any]:
+def popen_kwargs() -> dict[str, Any]:
     # Python ignores SIGINT for good if it starts with SIGINT ignored (as a shell's
     # background job does): the servers are stopped with SIGINT, so give it back.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
@@ -76,7 +76,7 @@ class Server:
             stderr=self._err,
             cwd=workdir,
             env=_child_env(),
-            **_popen_kwargs(),
+            **popen_kwargs(),
         )
         self.ready = ready
         self.port = 0
@@ -157,7 +157,7 @@ def run_client(
         capture_output=True,
         text=True,
         timeout=timeout,
-        **_popen_kwargs(),
+        **popen_kwargs(),
     )
     if proc.returncode != 0:
         raise AssertionError(
