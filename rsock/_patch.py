@@ -1383,9 +1383,15 @@ def _native_event(loop: Any, key: tuple[int, int], writer: bool) -> None:
         _to_route(loop, key, rec)
 
 
-def _to_route(loop: Any, key: tuple[int, int], rec: _Native) -> None:
+def _route_handler(route: _FdRoute, writer: bool, loop: Any, callback: Any, args: Any) -> None:
+    """The route's reader (or writer) becomes ``callback(*args)``, run as
+    the loop runs its handles."""
     import asyncio
 
+    route.set(writer, asyncio.Handle(callback, args, loop, None))
+
+
+def _to_route(loop: Any, key: tuple[int, int], rec: _Native) -> None:
     cbs = dict(rec.cbs)
     for w in cbs:  # (through the wrappers: the record lets go of them)
         (loop.remove_writer if w else loop.remove_reader)(key[1])
@@ -1396,7 +1402,7 @@ def _to_route(loop: Any, key: tuple[int, int], rec: _Native) -> None:
         rec.events = _NEVER
         return
     for w, (cb, args) in cbs.items():
-        route.set(w, asyncio.Handle(cb, args, loop, None))
+        _route_handler(route, w, loop, cb, args)
 
 
 def _routed(loop: Any, sock: _rs.socket) -> bool:
@@ -1415,9 +1421,7 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
                 key = (id(self), _fd_of(fd))
                 route = _live_route(key)
                 if route is not None:
-                    import asyncio
-
-                    route.set(writer, asyncio.Handle(callback, args, self, None))
+                    _route_handler(route, writer, self, callback, args)
                     return None
                 sock = _rs.live(key[1])
                 if sock is None or (isinstance(fd, _rs.socket) and fd is not sock):
@@ -1431,9 +1435,7 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
                     # notify fd at once (no socketpair, no watcher thread)
                     route = _new_route(self, key[1])
                     if route is not None:
-                        import asyncio
-
-                        route.set(writer, asyncio.Handle(callback, args, self, None))
+                        _route_handler(route, writer, self, callback, args)
                         return None
                     sock._exact_fd()  # (not the running loop's thread)
                 rec = _fd_native.get(key)
