@@ -73,7 +73,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rsock import _lowlevel as _ll
-from rsock import _readiness
 from rsock import _socket as _rs
 from rsock._readiness import POLLIN, POLLOUT
 
@@ -1583,7 +1582,7 @@ def _wrap_trio_wakeup_close(original: Any) -> Callable[..., Any]:
 # to its notify and liveness fds, registered once in trio's epoll
 # (level-triggered); the engine keeps the notify fd readable while the
 # connection is ready for what trio's tasks wait for, and the events of those
-# two fds wake the tasks (a _TrioHub, consulted first by process_events).
+# two fds wake the tasks (their _TrioLoop, consulted first by process_events).
 # trio's own bookkeeping (``_registered``: a reader and a writer per fd,
 # BusyResourceError, notify_closing, statistics) stays as it is, keyed by the
 # fileno().  The route ends at notify_closing (trio's close), when the socket
@@ -1591,84 +1590,137 @@ def _wrap_trio_wakeup_close(original: Any) -> Callable[..., Any]:
 # exact again then.
 
 
-class _TrioHub(_readiness._Hub):
-    """The notify and liveness fds of the routed connections of one trio
-    run, registered in its epoll.  A socket closed without trio's
-    notify_closing closed its fds: their numbers, maybe reused by trio by
-    now, are the hub's no more."""
-
-    __slots__ = ()
-
-    def run(self, fd: int) -> bool:
-        entry = self._cbs.get(fd)
-        if entry is not None and not entry[2].is_open():  # type: ignore[attr-defined]
-            del self._cbs[fd]
-            return False
-        return super().run(fd)
-
-
 class _TrioLoop:
-    """The loop ``rsock._readiness.Watch`` is given under trio: its hub, and
-    a callback's exception as a bug (trio has no exception handler: it
-    surfaces as trio's TrioInternalError, not hidden)."""
+    """One trio run's routes: its IO manager, and the notify and liveness
+    fds its routes registered in its epoll (level-triggered, each once per
+    connection), which ``process_events`` hands to their route first."""
 
-    __slots__ = ("_rsock_hub", "io", "reschedule")
+    __slots__ = ("io", "reschedule", "ep", "fds")
 
     def __init__(self, io: Any) -> None:
         from trio import lowlevel
 
         self.io = io
         self.reschedule = lowlevel.reschedule
-        self._rsock_hub = _TrioHub(self, io._epoll)
-
-    def call_exception_handler(self, context: dict[str, Any]) -> None:
-        raise context["exception"]
+        ep = io._epoll  # (the stdlib's own, not _Epoll: these fds are no filenos)
+        self.ep: select.epoll = ep._e if type(ep) is _Epoll else ep
+        self.fds: dict[int, _TrioRoute] = {}
 
 
 class _TrioRoute:
-    """One rsock connection's fileno() in one trio run's IO manager.  It
-    holds the socket weakly (trio's waits hold nothing between them, and a
-    socket dropped without a close is closed by the GC, as the stdlib's);
-    the socket's last close ends it first (its fds leave trio's epoll before
-    the engine closes them: the peer holds the same eventfd, so the epoll
-    would keep reporting it)."""
+    """One rsock connection's fileno() in one trio run's IO manager: the
+    connection's notify fd (readable while the connection is ready for
+    what trio's tasks wait for: the engine's interest) and liveness fd in
+    trio's epoll.  It holds the socket weakly (trio's waits hold nothing
+    between them, and a socket dropped without a close is closed by the
+    GC, as the stdlib's); the socket's last close ends it first (its fds
+    leave trio's epoll before the engine closes them: the peer holds the
+    same eventfd, so the epoll would keep reporting it).  (What
+    ``rsock._readiness.Watch`` does for an asyncio loop, without its
+    layers: trio waits and wakes once per call, per connection.)"""
 
-    __slots__ = ("loop", "fd", "sock", "watch")
+    __slots__ = ("loop", "fd", "sock", "h", "nfd", "lfd", "interest", "reading", "live")
 
     def __init__(self, loop: _TrioLoop, fd: int, sock: _rs.socket) -> None:
+        h = sock._h
+        if h is None:
+            raise _ll.oserror(-errno.EBADF)
+        sock._watch(_ll.WATCH_NOTIFY)
+        self.nfd, self.lfd = _ll.notify_fds(h)  # OSError: not a connection (yet)
         self.loop = loop
         self.fd = fd
+        self.h = h
         self.sock = weakref.ref(sock)
-        self.watch = sock.watch(weak=True)
-        self.watch.start()  # OSError: not a connection (yet)
+        self.interest = -1  # the engine's, as set here (-1: never)
+        self.reading = False  # nfd in the epoll
+        self.live = False  # lfd in the epoll
         sock._loop_watches_fd(True, closer=self.end)  # no watcher-thread wake-ups
+
+    def is_open(self) -> bool:
+        s = self.sock()
+        return s is not None and s._h is self.h
+
+    def _interest(self, interest: int) -> None:
+        if interest != self.interest:
+            self.interest = interest
+            _ll.set_interest(self.h, interest)
+
+    def _add(self, fd: int) -> None:
+        loop = self.loop
+        try:
+            loop.ep.register(fd, select.EPOLLIN)
+        except FileExistsError:
+            pass
+        loop.fds[fd] = self
+
+    def _remove(self, fd: int) -> None:
+        loop = self.loop
+        if loop.fds.get(fd) is self:
+            loop.fds.pop(fd, None)  # (end() may run in another thread)
+            try:
+                loop.ep.unregister(fd)
+            except OSError:  # closed already (then it left the epoll)
+                pass
 
     def update(self, waiters: Any) -> bool:
         """The engine's interest as trio's waiters of the fd want; whether
-        anyone waits."""
+        anyone waits.  With no one left, POLLIN is kept (a reader usually
+        comes back before the next data) and the fds stay registered; the
+        notify fd reads idle meanwhile unless data came."""
         interest = (POLLIN if waiters.read_task is not None else 0) | (
             POLLOUT if waiters.write_task is not None else 0
         )
-        if interest:
-            self.watch.arm(self.loop, self.ready, interest)
-            return True
-        self.watch.quiet(POLLIN)
-        return False
+        if not interest:
+            self._interest(self.interest & POLLIN if self.interest > 0 else 0)
+            return False
+        self._interest(interest)
+        if not self.reading:
+            self._add(self.nfd)
+            self.reading = True
+        if not self.live and self.lfd >= 0:
+            self._add(self.lfd)
+            self.live = True
+        return True
+
+    def fired(self, fd: int) -> bool:
+        """One of the route's fds was reported: wake trio's waiters; False
+        if the socket is closed (its fds closed with it: their numbers are
+        not the route's any more, the event is trio's)."""
+        if not self.is_open():
+            fds = self.loop.fds
+            for f in (self.nfd, self.lfd):
+                if fds.get(f) is self:
+                    fds.pop(f, None)
+            self.reading = self.live = False
+            return False
+        self.ready()
+        if fd == self.lfd and self.live:
+            # 0: not gone yet (a FIN may still come: verbs' CM hang-up can
+            # overtake the last completions); the engine makes the fd
+            # readable again when that grace ends, so it stays registered
+            if not self.is_open() or _ll.check_peer(self.h):
+                self._remove(self.lfd)
+                self.live = False
+                self.lfd = -1  # level-triggered hang-up: watched no more
+                self.ready()
+        return True
 
     def ready(self) -> None:
-        """The notify or liveness fd fired: wake the waiters whose event the
-        connection has (an error or hang-up wakes both, as trio does)."""
+        """Wake the waiters whose event the connection has (an error or
+        hang-up wakes both, as trio does)."""
         io = self.loop.io
         waiters = io._registered.get(self.fd)
-        is_open = self.watch.is_open()
+        is_open = self.is_open()
         if waiters is None:
-            self.watch.quiet()
-            if not is_open or _ll.poll(self.watch.handle) & (_ll.POLLERR | _ll.POLLHUP):
+            self._interest(0)
+            if not is_open or _ll.poll(self.h) & (_ll.POLLERR | _ll.POLLHUP):
                 # ended: the notify fd stays readable whatever the interest,
                 # so it leaves the epoll until someone waits again
-                self.watch.arm(self.loop, self.ready, 0)
+                if self.reading:
+                    self._remove(self.nfd)
+                    self.reading = False
             return
-        rev = _ll.poll(self.watch.handle) if is_open else _READABLE | _WRITABLE
+        rev = _ll.poll(self.h) if is_open else _READABLE | _WRITABLE
         reschedule = self.loop.reschedule
         if rev & _WRITABLE and waiters.write_task is not None:
             reschedule(waiters.write_task)
@@ -1676,14 +1728,25 @@ class _TrioRoute:
         if rev & _READABLE and waiters.read_task is not None:
             reschedule(waiters.read_task)
             waiters.read_task = None
-        io._update_registrations(self.fd)
+        if not is_open:
+            io._update_registrations(self.fd)  # (the route ends there)
+        elif not self.update(waiters):  # (as _update_registrations would)
+            del io._registered[self.fd]
 
     def end(self, closing: bool = False) -> None:
         """The fds leave trio's epoll; fileno() is exact again (``closing``:
         trio's notify_closing, a close follows: at its next call, not now,
         and the engine's interest is left as it is).  Also run by the
         socket's last close (then from any thread)."""
-        self.watch.disarm(self.loop, None if closing else POLLIN)
+        if self.reading:
+            self._remove(self.nfd)
+            self.reading = False
+        if self.live:
+            self._remove(self.lfd)
+            self.live = False
+        if not closing and self.is_open():
+            self.interest = POLLIN
+            _ll.set_interest(self.h, POLLIN)
         sock = self.sock()
         if sock is not None:
             sock._loop_watches_fd(False, now=not closing, closer=self.end)
@@ -1717,7 +1780,7 @@ def _trio_route(io: Any, fd: int) -> _TrioRoute | None:
         if route.sock() is sock:
             if isinstance(route, _TrioNative):
                 return None
-            if sock is not None and sock._h is route.watch.handle:  # (still open)
+            if sock is not None and sock._h is route.h:  # (still open)
                 return route
         _trio_routes.pop(key, None)  # its socket closed (the number may be another's now)
         if isinstance(route, _TrioRoute):
@@ -1831,9 +1894,14 @@ def _wrap_trio_process_events(original: Any) -> Callable[..., Any]:
     def process_events(self: Any, events: Any) -> None:
         if events:
             loop = _trio_loops.get(id(self))
-            if loop is not None and loop.io is self:
-                run = loop._rsock_hub.run
-                events = [ev for ev in events if not run(ev[0])]
+            if loop is not None and loop.io is self and loop.fds:
+                fds = loop.fds
+                rest = []
+                for ev in events:
+                    route = fds.get(ev[0])
+                    if route is None or not route.fired(ev[0]):
+                        rest.append(ev)
+                events = rest
         original(self, events)
 
     return process_events

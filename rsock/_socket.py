@@ -131,6 +131,8 @@ def _tally(key: str) -> None:
 
 _MAX_WAIT_MS = 2**31 - 1
 _EINTR = -_errno.EINTR
+_EAGAIN = -_errno.EAGAIN
+_EAGAIN_MSG = os.strerror(_errno.EAGAIN)
 
 
 def _clock(timeout: float | None) -> tuple[float | None, float | None]:
@@ -1205,6 +1207,8 @@ class socket:
         """The exception for an engine call's -errno: the socket timeout's
         ``TimeoutError`` if it expired, else the error (with the engine's
         detail for a reset or refusal unless ``detail`` is false)."""
+        if rc == _EAGAIN and not timeout:  # non-blocking: the usual way (accept, recv)
+            return BlockingIOError(_errno.EAGAIN, _EAGAIN_MSG)
         if _expired(rc, timeout):
             return _timeout_error()
         return self._raise(rc) if detail else _ll.oserror(rc)
@@ -1316,7 +1320,8 @@ class socket:
         engine's tunables.  Every other option goes to the kernel socket that
         reserves the address: validated and read back as the kernel does,
         without effect on the rsock connection."""
-        level, optname = _index(level), _index(optname)
+        if type(level) is not int or type(optname) is not int:
+            level, optname = _index(level), _index(optname)
         if level == SOL_RSOCK or (level == _SOL_SOCKET and optname in (_SO_RCVBUF, _SO_SNDBUF)):
             v = _opt_int(value, optlen)
             h = self._handle()
@@ -1331,7 +1336,8 @@ class socket:
                 if rc < 0:
                     raise _ll.oserror(rc)
             return
-        self._handle()
+        if self._h is None:
+            raise _ebadf()
         tcp = self._core.tcp
         if tcp is None:
             _kopt_set(self._family, self._core.kopts, level, optname, value, optlen)
