@@ -4,12 +4,16 @@ def recv_into(sock_addr: int, buffer: Any, timeout_ms: int, nbytes: int = 0, /) 
 def recv_bytes(sock_addr: int, nbytes: int, timeout_ms: int, /) -> bytes | int: ...
 def send(sock_addr: int, data: Any, timeout_ms: int, /) -> int: ...
 def sendall(sock_addr: int, data: Any, timeout_ms: int, /) -> int | None: ...
+def accept(
+    listener_addr: int, timeout_ms: int, /
+) -> int | tuple[int, int, tuple[Any, ...] | None, tuple[Any, ...] | None]: ...
 def bind(
     rsk_send_addr: int,
     rsk_recv_addr: int,
     rsk_recv_zc_addr: int = ...,
     rsk_recv_done_addr: int = ...,
     rsk_free_addr: int = ...,
+    rsk_accept_addr: int = ...,
     /,
 ) -> None: ...
 

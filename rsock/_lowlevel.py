@@ -79,16 +79,13 @@ class Handle:
     closed a freed connection (a hang or a crash at exit, or at any
     collection of such a cycle)."""
 
-    __slots__ = ("ptr", "out", "addr", "_owner")
+    __slots__ = ("ptr", "addr", "_owner")
 
     def __init__(self, ptr: Any) -> None:
         self.ptr = ptr
         # the same pointer as an int, for rsock._fastcall
         self.addr: int = int(ffi.cast("uintptr_t", ptr))
         self._owner = _fastcall.Owner(self.addr)
-        # out-pointer for rsk_recv_zc; C writes it only on success, after
-        # any other thread's zero-copy receive has been released
-        self.out = ffi.new("const void **")
 
 
 def oserror(rc: int, detail: str = "") -> OSError:
@@ -402,17 +399,13 @@ def provider(h: Handle) -> str:
 def accept(
     h: Handle, timeout_ms: int
 ) -> tuple[int, Handle | None, tuple[Any, ...] | None, tuple[Any, ...] | None]:
-    """(rc, handle, peer address, local address the peer dialed)."""
-    out = ffi.new("rsk_sock **")
-    src = ffi.new("struct rsk_addr *")
-    dst = ffi.new("struct rsk_addr *")
-    rc = int(lib.rsk_accept(h.ptr, timeout_ms, out, src, dst))
-    if rc < 0:
-        return rc, None, None, None
-    nh = Handle(out[0])
-    s = _read_addr(src)
-    d = _read_addr(dst)
-    return rc, nh, (s[1] if s else None), (d[1] if d else None)
+    """(rc, handle, peer address, local address the peer dialed; each
+    address None if the peer announced no valid one)."""
+    r = _fastcall.accept(h.addr, timeout_ms)
+    if isinstance(r, int):
+        return r, None, None, None
+    rc, addr, peer, local = r
+    return rc, Handle(ffi.cast("rsk_sock *", addr)), peer, local
 
 
 def send(h: Handle, data: Any, nbytes: int, flags: int, timeout_ms: int) -> int:
@@ -425,11 +418,12 @@ def recv_into(h: Handle, buf: Any, nbytes: int, flags: int, timeout_ms: int) -> 
 
 def recv_bytes(h: Handle, nbytes: int, flags: int, timeout_ms: int) -> bytes | int:
     """Bytes copied once, straight out of the ring; or a -errno int."""
-    rc = lib.rsk_recv_zc(h.ptr, nbytes, flags, timeout_ms, h.out)
+    out = ffi.new("const void **")  # (C writes it only on success)
+    rc = lib.rsk_recv_zc(h.ptr, nbytes, flags, timeout_ms, out)
     if rc <= 0:
         return b"" if rc == 0 else int(rc)
     try:
-        data: bytes = ffi.unpack(ffi.cast("const char *", h.out[0]), rc)
+        data: bytes = ffi.unpack(ffi.cast("const char *", out[0]), rc)
     except BaseException:
         lib.rsk_recv_done(h.ptr, 0)
         raise
@@ -459,7 +453,8 @@ def memmove(dst: Any, src: Any, n: int) -> None:
 # work on a small message.
 _fastcall.bind(
     *(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
-      for f in ("rsk_send", "rsk_recv", "rsk_recv_zc", "rsk_recv_done", "rsk_free"))
+      for f in ("rsk_send", "rsk_recv", "rsk_recv_zc", "rsk_recv_done", "rsk_free",
+                "rsk_accept"))
 )  # fmt: skip
 fast_send = _fastcall.send
 fast_sendall = _fastcall.sendall

@@ -13,8 +13,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include "rsock.h"
@@ -26,11 +29,14 @@ typedef ssize_t (*zc_fn)(void *s, size_t len, int flags, int timeout_ms,
 typedef int (*done_fn)(void *s, size_t n);
 
 typedef void (*free_fn)(void *s);
+typedef int (*accept_fn)(void *s, int timeout_ms, void **out,
+			 struct rsk_addr *src, struct rsk_addr *dst);
 
 static io_fn fn_send, fn_recv;
 static free_fn fn_free; /* rsk_free, for Owner */
 static zc_fn fn_recv_zc;   /* (optional: recv_bytes needs both) */
 static done_fn fn_recv_done;
+static accept_fn fn_accept; /* (optional: accept needs it) */
 
 static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
 		    void **s, int *timeout)
@@ -169,6 +175,75 @@ static PyObject *fc_recv_bytes(PyObject *self, PyObject *const *args,
 	return out;
 }
 
+/* An address a client announced, as the socket module shows one: (host,
+ * port) or (host, port, flowinfo, scope_id); None if it is not an IPv4 or
+ * IPv6 one (the peer is not trusted: rsock.socket then shows its own). */
+static PyObject *addr_tuple(const struct rsk_addr *a)
+{
+	char host[INET6_ADDRSTRLEN];
+
+	if (a->family == AF_INET) {
+		if (!inet_ntop(AF_INET, a->addr, host, sizeof(host)))
+			Py_RETURN_NONE;
+		return Py_BuildValue("(sH)", host, a->port);
+	}
+	if (a->family == AF_INET6) {
+		if (!inet_ntop(AF_INET6, a->addr, host, sizeof(host)))
+			Py_RETURN_NONE;
+		return Py_BuildValue("(sHII)", host, a->port, a->flowinfo,
+				     a->scope_id);
+	}
+	Py_RETURN_NONE;
+}
+
+/* accept(listener_addr, timeout_ms) -> rsk_accept's -errno, or (rc,
+ * new_sock_addr, peer address or None, local address the peer dialed or
+ * None): one call for what took four cffi allocations and two address
+ * conversions in Python per accepted connection. */
+static PyObject *fc_accept(PyObject *self, PyObject *const *args,
+			   Py_ssize_t nargs)
+{
+	struct rsk_addr src, dst;
+	PyObject *peer, *local, *r;
+	void *s, *out = NULL;
+	int timeout, rc;
+
+	(void)self;
+	{
+		PyObject *a[3] = { args[0], args[0], nargs == 2 ? args[1] : NULL };
+
+		if (nargs != 2) {
+			PyErr_SetString(PyExc_TypeError,
+					"accept expects 2 arguments");
+			return NULL;
+		}
+		if (get_args(a, 3, "accept", &s, &timeout))
+			return NULL;
+	}
+	if (!fn_accept) {
+		PyErr_SetString(PyExc_RuntimeError, "rsock._fastcall not bound");
+		return NULL;
+	}
+	memset(&src, 0, sizeof(src));
+	memset(&dst, 0, sizeof(dst));
+	Py_BEGIN_ALLOW_THREADS
+	rc = fn_accept(s, timeout, &out, &src, &dst);
+	Py_END_ALLOW_THREADS
+	if (rc < 0)
+		return PyLong_FromLong(rc);
+	peer = addr_tuple(&src);
+	local = peer ? addr_tuple(&dst) : NULL;
+	r = local ? Py_BuildValue("(iKOO)", rc,
+				  (unsigned long long)(uintptr_t)out, peer,
+				  local)
+		  : NULL;
+	Py_XDECREF(peer);
+	Py_XDECREF(local);
+	if (!r && fn_free)
+		fn_free(out); /* (no memory: the connection goes, not leaks) */
+	return r;
+}
+
 /* rsk_send on data; all: None when it took all of data */
 static PyObject *fc_send_common(PyObject *const *args, Py_ssize_t nargs,
 				const char *name, int all)
@@ -200,17 +275,18 @@ static PyObject *fc_sendall(PyObject *self, PyObject *const *args,
 	return fc_send_common(args, nargs, "sendall", 1);
 }
 
-/* bind(send_addr, recv_addr[, recv_zc_addr, recv_done_addr[, free_addr]]):
- * the engine's entry points */
+/* bind(send_addr, recv_addr[, recv_zc_addr, recv_done_addr[, free_addr[,
+ * accept_addr]]]): the engine's entry points */
 static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 			 Py_ssize_t nargs)
 {
-	unsigned long long a[5] = { 0, 0, 0, 0, 0 };
+	unsigned long long a[6] = { 0, 0, 0, 0, 0, 0 };
 	Py_ssize_t i;
 
 	(void)self;
-	if (nargs != 2 && nargs != 4 && nargs != 5) {
-		PyErr_SetString(PyExc_TypeError, "bind expects 2, 4 or 5 arguments");
+	if (nargs != 2 && nargs != 4 && nargs != 5 && nargs != 6) {
+		PyErr_SetString(PyExc_TypeError,
+				"bind expects 2, 4, 5 or 6 arguments");
 		return NULL;
 	}
 	for (i = 0; i < nargs; i++) {
@@ -228,8 +304,10 @@ static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 		fn_recv_zc = (zc_fn)(uintptr_t)a[2];
 		fn_recv_done = (done_fn)(uintptr_t)a[3];
 	}
-	if (nargs == 5)
+	if (nargs >= 5)
 		fn_free = (free_fn)(uintptr_t)a[4];
+	if (nargs == 6)
+		fn_accept = (accept_fn)(uintptr_t)a[5];
 	Py_RETURN_NONE;
 }
 
@@ -295,9 +373,11 @@ static PyMethodDef fc_methods[] = {
 	  "send(sock_addr, data, timeout_ms) -> rsk_send result" },
 	{ "sendall", (PyCFunction)(void (*)(void))fc_sendall, METH_FASTCALL,
 	  "sendall(sock_addr, data, timeout_ms) -> None or rsk_send result" },
+	{ "accept", (PyCFunction)(void (*)(void))fc_accept, METH_FASTCALL,
+	  "accept(listener_addr, timeout_ms) -> -errno or (rc, sock_addr, peer, local)" },
 	{ "bind", (PyCFunction)(void (*)(void))fc_bind, METH_FASTCALL,
 	  "bind(rsk_send_addr, rsk_recv_addr[, rsk_recv_zc_addr, rsk_recv_done_addr"
-	  "[, rsk_free_addr]])" },
+	  "[, rsk_free_addr[, rsk_accept_addr]]])" },
 	{ NULL, NULL, 0, NULL },
 };
 
