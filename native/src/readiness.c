@@ -513,6 +513,13 @@ void eng_sync_fd(rsk_sock *s)
 		eng_fd_writable(s, !s->dialing);
 	if (!s->watch || s->kind != K_CONN || s->released)
 		return;
+	/* A zero-copy receive holds the head (rsk_recv_zc): the bytes it is
+	 * taking still show as readable, and its rsk_recv_done, which comes
+	 * next, syncs.  Syncing here too cost a kick of the notify fd (or a
+	 * token into fa) and its drain right after: two syscalls per message
+	 * for every event loop's receive. */
+	if (s->rx_busy)
+		return;
 	if ((s->watch & RSK_WATCH_FD) && s->stand_in && eng_fd_exact(s))
 		s->watch &= ~RSK_WATCH_FD; /* (EMFILE) fa stays as it is */
 	if ((s->watch & RSK_WATCH_FD) && s->wslot < 0 && eng_watch_add(s))
