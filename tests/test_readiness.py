@@ -750,3 +750,41 @@ def test_readable_listener_accepts_a_new_process_first_connection(
                 # wait shows is up to its RCU grace period: under load, ms)
                 assert int(out.split()[1]) > 256, out
     assert eagain == 0
+
+
+def _thread_writes() -> int:
+    """write(2)-class system calls of this thread so far (an eventfd kick is one)."""
+    with open("/proc/thread-self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("syscw:"))
+
+
+def test_event_loop_receive_kicks_nothing() -> None:
+    """An event loop's receive on a watched connection (rsock._fastcall.
+    recv_bytes: rsk_recv_zc, then rsk_recv_done) makes no system call that
+    writes: the bytes held between the two calls showed as readable, so
+    the first call kicked the notify fd and the second drained it again, a
+    write(2) per message on every receiving loop (session 28).  rsock's own
+    notify fd: no TCP counterpart."""
+    import rsock
+    from rsock import _lowlevel as _ll
+
+    client, conn = connected_pair(rsock)
+    try:
+        conn._watch(_ll.WATCH_NOTIFY)
+        h = conn._handle()
+        notify_fd, _live_fd = _ll.notify_fds(h)
+        assert _ll.set_interest(h, _ll.POLLIN) == 0
+        writes = 0
+        for i in range(50):
+            msg = bytes([i]) * 64
+            client.sendall(msg)
+            assert select.select([notify_fd], [], [], 10)[0] == [notify_fd], i
+            before = _thread_writes()
+            got = _ll.fast_recv_bytes(h.addr, 4096, 0)
+            writes += _thread_writes() - before
+            assert got == msg, i
+        # (a credit update to the sender may kick it now and then)
+        assert writes <= 5, writes
+    finally:
+        client.close()
+        conn.close()
