@@ -37,7 +37,13 @@ from typing import Any, Protocol
 
 from rsock import _lowlevel as _ll
 from rsock._paths import env_raw
-from rsock._readiness import POLLIN, POLLOUT, Watch
+from rsock._readiness import (  # (the budget: trio's poller in rsock._patch reads it too)
+    _POLL_SLICE_US,
+    POLLIN,
+    POLLOUT,
+    Watch,
+    _loop_poll_us,
+)
 from rsock._socket import check_sendfile_file, socket
 
 _fast_send = _ll.fast_send
@@ -94,16 +100,6 @@ def _loop_spin(sock: socket) -> None:
         _ll.set_opt(h, "spin_us", 0)
 
 
-_POLL_ENV = "RSOCK_LOOP_POLL_US"
-# A little more than a synchronous Python client takes between requests (an
-# httpx client against uvicorn: 200-250 us here), so a busy connection is
-# polled through that gap (no wake-up per request; session 19: uvicorn+httpx
-# keep-alive 1.05x-1.09x -> 1.25x-1.30x TCP, aiohttp and websockets new
-# connections ~1.25x -> ~1.5x); peers slower than twice that stop being
-# polled (the budget adapts, below), and an idle loop burns nothing.
-_POLL_DEFAULT_US = 250
-_POLL_MAX_US = 1_000_000
-_POLL_SLICE_US = 25  # longest busy-poll between two looks at the loop's other work
 # a loop that came back to the poller later than this ran other callbacks
 # meanwhile (a round of uvloop's with only the poller takes ~2 µs here)
 _POLL_GAP_NS = 8_000
@@ -118,35 +114,6 @@ _POLL_GAP_NS = 8_000
 # it is not polled (the loop's readers wake it) until a shorter spell comes.
 _POLL_MIN_NS = 5_000
 _POLL_UNSET = 1 << 62  # (a new connection's budget: the loop's)
-
-
-_POLL_KEY = os.fsencode(_POLL_ENV)
-# (the raw value last read, what it parsed to): read for every transport
-_poll_seen: tuple[Any, int] = (None, _POLL_DEFAULT_US)
-
-
-def _loop_poll_us() -> int:
-    """``RSOCK_LOOP_POLL_US`` (0 .. 1 s, default 250; 0: no polling)."""
-    global _poll_seen
-    raw = env_raw(_POLL_KEY, _POLL_ENV)
-    seen = _poll_seen
-    if raw == seen[0]:
-        return seen[1]
-    us = _parse_poll_us(os.environ.get(_POLL_ENV))
-    _poll_seen = (raw, us)
-    return us
-
-
-def _parse_poll_us(v: str | None) -> int:
-    if v is None or v == "":
-        return _POLL_DEFAULT_US
-    try:
-        us = int(v, 0)
-    except ValueError:
-        raise ValueError(f"{_POLL_ENV}={v!r} is not an integer") from None
-    if not 0 <= us <= _POLL_MAX_US:
-        raise ValueError(f"{_POLL_ENV}={v!r} is not within 0 .. {_POLL_MAX_US}")
-    return us
 
 
 class _Pollable(Protocol):
@@ -918,7 +885,6 @@ class RsockTransport(transports._FlowControlMixin):
                 os.lseek(fileno, offset + total, os.SEEK_SET)
         return total
 
-
     def __del__(self, _warn: Any = warnings.warn) -> None:
         watch = getattr(self, "_watch", None)
         if watch is not None and watch.is_open():
@@ -1401,8 +1367,11 @@ async def create_connection(
         # a plain TCP peer (fallback): the loop's own transport runs it
         kernel.setblocking(False)
         return await loop.create_connection(
-            protocol_factory, sock=kernel, ssl=ctx,
-            server_hostname=server_hostname if ctx is not None else None, **tls,
+            protocol_factory,
+            sock=kernel,
+            ssl=ctx,
+            server_hostname=server_hostname if ctx is not None else None,
+            **tls,
         )
     protocol = protocol_factory()
     waiter: asyncio.Future[None] = loop.create_future()
@@ -1411,8 +1380,13 @@ async def create_connection(
         app: asyncio.Transport = transport
     else:
         tls_proto = sslproto.SSLProtocol(
-            loop, protocol, ctx, waiter, server_side=False,
-            server_hostname=server_hostname, **tls,
+            loop,
+            protocol,
+            ctx,
+            waiter,
+            server_side=False,
+            server_hostname=server_hostname,
+            **tls,
         )
         transport = RsockTransport(loop, sock, tls_proto)
         app = tls_proto._app_transport
@@ -1443,7 +1417,12 @@ async def start_tls(
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[None] = loop.create_future()
     tls = sslproto.SSLProtocol(
-        loop, protocol, sslcontext, waiter, server_side, server_hostname,
+        loop,
+        protocol,
+        sslcontext,
+        waiter,
+        server_side,
+        server_hostname,
         call_connection_made=False,
         # typeshed says int; asyncio takes any number of seconds
         ssl_handshake_timeout=ssl_handshake_timeout,  # type: ignore[arg-type]
