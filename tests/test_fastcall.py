@@ -47,6 +47,37 @@ def test_bad_arguments() -> None:
         _fastcall.recv_bytes(0, 1, 1 << 40)
     with pytest.raises(TypeError):
         _fastcall.recv_bytes(0, 1)  # type: ignore[call-arg]
+    for args in ((), (0,), (0, 0, 0)):
+        with pytest.raises(TypeError, match="accept expects 2 arguments"):
+            _fastcall.accept(*args)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _fastcall.accept("0", 0)  # type: ignore[arg-type]
+    with pytest.raises(OverflowError):
+        _fastcall.accept(0, 1 << 40)
+
+
+def test_accept_gives_the_announced_addresses() -> None:
+    """accept (rsock.socket's): -EAGAIN while nobody waits, then the new
+    connection's handle and the addresses its client announced, as the
+    socket module shows them (IPv4 and IPv6)."""
+    import errno
+
+    for family, host in ((rsock.AF_INET, "127.0.0.1"), (rsock.AF_INET6, "::1")):
+        with rsock.socket(family) as listener:
+            listener.bind((host, 0))
+            listener.listen()
+            assert listener._h is not None
+            assert _fastcall.accept(listener._h.addr, 0) == -errno.EAGAIN
+            with rsock.socket(family) as client:
+                client.connect(listener.getsockname())
+                r = _fastcall.accept(listener._h.addr, 10_000)
+                assert isinstance(r, tuple), r
+                rc, addr, peer, local = r
+                assert rc >= 0 and addr
+                accepted = _lowlevel.Handle(_lowlevel.ffi.cast("rsk_sock *", addr))
+                assert _lowlevel.close(accepted) == 0
+                assert peer == client.getsockname(), (peer, client.getsockname())
+                assert local is not None and local[:2] == listener.getsockname()[:2], local
 
 
 def test_recv_bytes_takes_what_is_readable() -> None:

@@ -209,14 +209,13 @@ static PyObject *fc_accept(PyObject *self, PyObject *const *args,
 	int timeout, rc;
 
 	(void)self;
+	if (nargs != 2) {
+		PyErr_SetString(PyExc_TypeError, "accept expects 2 arguments");
+		return NULL;
+	}
 	{
-		PyObject *a[3] = { args[0], args[0], nargs == 2 ? args[1] : NULL };
+		PyObject *a[3] = { args[0], args[0], args[1] };
 
-		if (nargs != 2) {
-			PyErr_SetString(PyExc_TypeError,
-					"accept expects 2 arguments");
-			return NULL;
-		}
 		if (get_args(a, 3, "accept", &s, &timeout))
 			return NULL;
 	}
