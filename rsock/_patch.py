@@ -75,7 +75,7 @@ from typing import Any
 
 from rsock import _lowlevel as _ll
 from rsock import _socket as _rs
-from rsock._readiness import POLLIN, POLLOUT
+from rsock._readiness import _POLL_SLICE_US, POLLIN, POLLOUT, _loop_poll_us
 
 __all__ = ["patch", "unpatch", "is_patched", "counters"]
 
@@ -1618,8 +1618,6 @@ class _TrioLoop:
         fds looked at in between), as rsock.asyncio's poller does for a
         loop.  Events for trio's process_events, or None: sleep as trio
         does (for what is left of ``timeout``)."""
-        from rsock._readiness import _POLL_SLICE_US, _loop_poll_us
-
         budget = _loop_poll_us() * 1000
         if not budget:
             return None
