@@ -746,12 +746,7 @@ def test_trio_polls_busy_connections(kind: str, tmp_path: Path) -> None:
     as rsock.asyncio's poller does (trio's 64 B round trips 0.89x -> 1.75x
     TCP's, session 28), and an idle wait costs no CPU.  TCP (plain Python)
     is the oracle of what the program sees."""
-    launcher = ["-m", "rsock", "run"] if kind == "rsock" else []
-    proc = subprocess.run(
-        [sys.executable, *launcher, "-c", textwrap.dedent(_TRIO_POLLS)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    proc = run_as_proc(kind, _TRIO_POLLS, tmp_path, timeout=60)
     assert proc.stdout.splitlines() == ["round trips: 300", "idle wait: idle"], proc.stdout
     if kind == "rsock":
         polled = int(proc.stderr.split("polled:")[1].split()[0])
@@ -838,9 +833,12 @@ def test_patch_unpatch_from_many_threads() -> None:
 # --------------------------------------------------------------------------- fresh imports
 
 
-def run_as(kind: str, code: str, tmp_path: Path, timeout: float = 30) -> str:
-    """``code``'s output under ``python -m rsock run`` (kind "rsock") or
-    plain Python (kind "tcp": the oracle)."""
+def run_as_proc(
+    kind: str, code: str, tmp_path: Path, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """``code`` run to a clean exit under ``python -m rsock run`` (kind
+    "rsock") or plain Python (kind "tcp": the oracle); its output, both
+    streams."""
     launcher = ["-m", "rsock", "run"] if kind == "rsock" else []
     proc = subprocess.run(
         [sys.executable, *launcher, "-c", textwrap.dedent(code)],
@@ -850,7 +848,12 @@ def run_as(kind: str, code: str, tmp_path: Path, timeout: float = 30) -> str:
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return proc
+
+
+def run_as(kind: str, code: str, tmp_path: Path, timeout: float = 30) -> str:
+    """``code``'s standard output (``run_as_proc``)."""
+    return run_as_proc(kind, code, tmp_path, timeout).stdout
 
 
 def run_patched(code: str, tmp_path: Path, timeout: float = 30) -> str:
