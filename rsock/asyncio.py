@@ -185,6 +185,10 @@ class _LoopPoller:
         tr._poll_budget = b
         tr._poll_last = now
         if b < _POLL_MIN_NS:
+            # not polled: the loop's readers wake it (a transport or route
+            # that started in polling mode leaves it here: with a budget
+            # under _POLL_MIN_NS it never became hot, and nothing woke it)
+            tr._watch.set_polled(self._loop, tr._on_ready, False)
             return
         tr._polled = tr._poll_seen = True
         self._hot.append(tr)
