@@ -1080,13 +1080,16 @@ class _FdRoute:
         # number) is closed by the GC, as the stdlib's; its last close takes
         # its fds out of the loop's hub first (_closed)
         self.sock = weakref.ref(sock)
-        self._poller = _rsock_asyncio()._poller_for(loop, sock)  # (ValueError: a bad budget)
+        rsa = _rsock_asyncio()
+        self._poller = rsa._poller_for(loop, sock)  # (ValueError: a bad budget)
         self._polled = self._poll_seen = False
         self._poll_last = 0
-        self._poll_budget = _rsock_asyncio()._POLL_UNSET  # (the loop's: never adapted)
+        self._poll_budget = rsa._POLL_UNSET  # (the loop's: never adapted)
         self._poll_long = 0
         self._watch = sock.watch(weak=True)
-        self._watch.start()  # OSError: not a connection
+        # in polling mode from the start when the loop polls (its first
+        # arm makes it hot: no readers to register and take out again)
+        self._watch.start(polled=self._poller is not None)  # OSError: not a connection
         sock._loop_watches_fd(True, closer=self._closed)  # no watcher-thread wake-ups
         self.reader: Any = None
         self.writer: Any = None

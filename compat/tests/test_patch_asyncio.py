@@ -628,6 +628,63 @@ def test_fileno_readers_and_writers_on_the_loop(kind: str, run: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", ["tcp", "rsock"])
+@pytest.mark.parametrize("poll_us", ["0", "3", ""])
+def test_fileno_reader_at_any_poll_budget(kind: str, poll_us: str, run: Any, monkeypatch: Any) -> None:
+    """Readers on fileno() get every reply with polling off, at the default
+    budget, and with one too short to poll (3 µs, under the poller's 5 µs
+    floor: a route starts in polling mode when the loop polls, and one that
+    never became hot must go back to the loop's readers, else nothing wakes
+    it)."""
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", poll_us)
+    if kind == "rsock":
+        rsock.patch()
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        client, conn = nonblocking_pair()
+        assert isinstance(client, rsock.socket) == (kind == "rsock")
+        got: list[bytes] = []
+        arrived: asyncio.Future[None] | None = None
+
+        def echo() -> None:
+            try:
+                data = conn.recv(1 << 16)
+            except BlockingIOError:
+                return
+            if data:
+                conn.send(data)
+
+        def on_reply() -> None:
+            try:
+                data = client.recv(1 << 16)
+            except BlockingIOError:
+                return
+            got.append(data)
+            if arrived is not None and not arrived.done():
+                arrived.set_result(None)
+
+        loop.add_reader(conn.fileno(), echo)
+        loop.add_reader(client.fileno(), on_reply)
+        for i in range(50):
+            arrived = loop.create_future()
+            client.send(b"%04d" % i)
+            await asyncio.wait_for(arrived, 10)
+            await asyncio.sleep(0.001 if i % 10 == 0 else 0)  # (some waits the poller ends)
+        loop.remove_reader(conn.fileno())
+        loop.remove_reader(client.fileno())
+        client.close()
+        conn.close()
+        return b"".join(got)
+
+    try:
+        got = run(main())
+    finally:
+        if kind == "rsock":
+            rsock.unpatch()
+    assert got == b"".join(b"%04d" % i for i in range(50))
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
 def test_listener_reader_on_the_loop(kind: str, run: Any) -> None:
     """A reader on a listener's fileno() (tornado's accept handler) runs once
     per waiting client, level-triggered, and each accept takes one; under
