@@ -629,7 +629,9 @@ def test_fileno_readers_and_writers_on_the_loop(kind: str, run: Any) -> None:
 
 @pytest.mark.parametrize("kind", ["tcp", "rsock"])
 @pytest.mark.parametrize("poll_us", ["0", "3", ""])
-def test_fileno_reader_at_any_poll_budget(kind: str, poll_us: str, run: Any, monkeypatch: Any) -> None:
+def test_fileno_reader_at_any_poll_budget(
+    kind: str, poll_us: str, run: Any, monkeypatch: Any
+) -> None:
     """Readers on fileno() get every reply with polling off, at the default
     budget, and with one too short to poll (3 µs, under the poller's 5 µs
     floor: a route starts in polling mode when the loop polls, and one that
