@@ -1226,25 +1226,113 @@ def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
 class _Poll:
     """What ``select.poll()`` makes while patched: the stdlib's poll object,
     told of what it registers first (see ``_exact``).  As the stdlib's, the
-    type cannot be called (``_poll`` makes them)."""
+    type cannot be called (``_poll`` makes them).
 
-    # poll and unregister are the stdlib object's own (bound): no call more
-    # per poll for a loop's selector
-    __slots__ = ("_p", "poll", "unregister")
+    An rsock connection whose fileno() is lazy (nothing keeps it exact)
+    stays so when it is registered: ``poll`` asks the engine for its
+    readiness, and only a poll that must wait (nothing ready, a timeout
+    other than 0) makes it exact first.  The usual user is a client that
+    checks a kept-alive connection before reusing it with a fresh poll
+    object and ``poll(0)`` (urllib3's ``wait_for_read``, httpcore's
+    ``is_socket_readable``): made exact, its fileno() woke the engine's
+    watcher thread at every reply from then on (a thread wake-up on the
+    client's CPU per request)."""
+
+    # poll and unregister are the stdlib object's own (bound) while no
+    # lazy connection is registered: no call more per poll for a loop's
+    # selector
+    __slots__ = ("_p", "poll", "unregister", "_lazy")
     _p: Any  # (select.poll's object: typeshed names no class for it)
     poll: Callable[..., list[tuple[int, int]]]
     unregister: Callable[[Any], None]
+    # fd -> (its lazy connection, weakly; the events registered for it)
+    _lazy: dict[int, tuple[weakref.ref[_rs.socket], int]]
 
     def __new__(cls, *args: Any, **kw: Any) -> _Poll:
         raise TypeError(f"cannot create '{cls.__module__}.{cls.__qualname__}' instances")
 
     def register(self, fd: Any, *eventmask: Any) -> None:
-        _exact(fd)
-        self._p.register(fd, *eventmask)
+        lazy = _lazy_conn(fd)
+        if lazy is None:
+            _exact(fd)
+            self._p.register(fd, *eventmask)
+            if self._lazy:
+                self._lazy.pop(_fd_of(fd), None)
+            return
+        self._p.register(fd, *eventmask)  # (its checks; its answer for fd is not used)
+        n, sock = lazy
+        mask = operator.index(eventmask[0]) & 0xFFFF if eventmask else _POLL_DEFAULT
+        self._lazy[n] = (weakref.ref(sock), mask)
+        self.poll = self._poll_lazy
+        self.unregister = self._unregister_lazy
 
     def modify(self, fd: Any, *eventmask: Any) -> None:
-        _exact(fd)
+        entry = self._lazy.get(_fd_of(fd)) if self._lazy else None
+        if entry is None:
+            _exact(fd)
+            self._p.modify(fd, *eventmask)
+            return
         self._p.modify(fd, *eventmask)
+        self._lazy[_fd_of(fd)] = (entry[0], operator.index(eventmask[0]) & 0xFFFF)
+
+    def _plain(self) -> None:
+        """No lazy connection left: the stdlib object's own methods again."""
+        self.poll = self._p.poll
+        self.unregister = self._p.unregister
+
+    def _unregister_lazy(self, fd: Any, /) -> None:
+        self._p.unregister(fd)  # (KeyError, as the stdlib's)
+        self._lazy.pop(_fd_of(fd), None)
+        if not self._lazy:
+            self._plain()
+
+    def _poll_lazy(self, timeout: Any = None, /) -> list[tuple[int, int]]:
+        lazy = self._lazy
+        ready: list[tuple[int, int]] = []
+        zero = type(timeout) in (int, float) and timeout == 0
+        if zero or timeout is None or type(timeout) in (int, float):
+            for n, (ref, mask) in list(lazy.items()):
+                sock = ref()
+                h = sock._h if sock is not None else None
+                if sock is None or h is None or _rs.live(n) is not sock or not sock._fd_lazy():
+                    # closed (the kernel answers for the number now), or
+                    # exact meanwhile
+                    del lazy[n]
+                    _exact(n)
+                    continue
+                rev = _ll.poll(h) & (mask | _ll.POLLERR | _ll.POLLHUP)
+                if rev:
+                    ready.append((n, rev))
+            if ready or zero:
+                got: list[tuple[int, int]] = self._p.poll(0)
+                if not lazy:
+                    self._plain()
+                    return got + ready
+                return [e for e in got if e[0] not in lazy] + ready
+        # it may wait (or the stdlib's rejects the timeout): fileno() exact
+        # from now on, and the kernel's poll
+        for n in lazy:
+            _exact(n)
+        lazy.clear()
+        self._plain()
+        waited: list[tuple[int, int]] = self._p.poll(timeout)
+        return waited
+
+
+_POLL_DEFAULT = select.POLLIN | select.POLLPRI | select.POLLOUT  # poll.register's
+
+
+def _lazy_conn(fileobj: Any) -> tuple[int, _rs.socket] | None:
+    """(fd, socket) if ``fileobj`` is an rsock connection (or its fd)
+    whose fileno() is lazy, else None."""
+    if type(fileobj) is int:
+        sock = _rs.live(fileobj)
+        if sock is not None and sock._fd_lazy():
+            return fileobj, sock
+        return None
+    if type(fileobj) is _rs.socket and fileobj._fd_lazy():
+        return fileobj.fileno(), fileobj
+    return None
 
 
 class _Epoll:
@@ -1302,6 +1390,7 @@ def _poll() -> _Poll:
     p._p = std = _poll_std()
     p.poll = std.poll
     p.unregister = std.unregister
+    p._lazy = {}
     return p
 
 

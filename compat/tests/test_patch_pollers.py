@@ -453,3 +453,73 @@ def test_sock_recv_after_fileno_was_asked(kind: str, loop_name: str, method: str
     finally:
         client.close()
         server.close()
+
+
+def _watcher_switches() -> int:
+    """Context switches so far of rsock's watcher thread (0: none yet)."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                d = dict(ln.split(":\t", 1) for ln in f.read().splitlines() if ":\t" in ln)
+        except FileNotFoundError:
+            continue  # (a thread that ended meanwhile)
+        if d["Name"].strip() == "rsock-watch":
+            n += int(d["voluntary_ctxt_switches"]) + int(d["nonvoluntary_ctxt_switches"])
+    return n
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_a_kept_alive_connection_checked_with_poll_zero(kind: str) -> None:
+    """A client that checks its kept-alive connection before each request
+    with a fresh poll object and ``poll(0)`` (urllib3's wait_for_read,
+    httpcore's is_socket_readable) sees what the stdlib shows: nothing
+    while idle, POLLIN once the peer sent or closed, POLLOUT while a send
+    fits, and POLLNVAL for a closed fd.  Under the patch the connection's
+    fileno() stays lazy through those checks: the engine answers them, and
+    no watcher thread wakes at each reply (it did, once per request: a
+    thread wake-up on the client's CPU)."""
+    client, server = connected_pair()
+    try:
+        fd = client.fileno()
+        before = _watcher_switches()
+        for i in range(50):
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            assert p.poll(0) == []
+            client.sendall(b"GET %03d" % i)
+            assert server.recv(16) == b"GET %03d" % i
+            server.sendall(b"reply %03d" % i)
+            assert client.recv(16) == b"reply %03d" % i
+        woke = _watcher_switches() - before
+        p = select.poll()
+        p.register(client, select.POLLIN | select.POLLOUT)  # (the object, as selectors do)
+        assert p.poll(0) == [(fd, select.POLLOUT)]
+        server.sendall(b"more")
+        deadline = time.monotonic() + 10
+        while p.poll(0) != [(fd, select.POLLIN | select.POLLOUT)]:
+            assert time.monotonic() < deadline, p.poll(0)
+        assert p.poll(None) == [(fd, select.POLLIN | select.POLLOUT)]  # ready: no wait
+        p.modify(fd, select.POLLOUT)
+        assert p.poll(0) == [(fd, select.POLLOUT)]
+        p.unregister(fd)
+        assert p.poll(0) == []
+        with pytest.raises(KeyError):
+            p.unregister(fd)
+        assert client.recv(16) == b"more"
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        server.close()
+        deadline = time.monotonic() + 10
+        while p.poll(0) != [(fd, select.POLLIN)]:  # EOF
+            assert time.monotonic() < deadline, p.poll(0)
+        if kind == "rsock":
+            assert not is_socketpair_end(fd)  # still the stand-in: nothing made it exact
+            assert woke <= 5, f"the watcher thread woke {woke} times in 50 requests"
+        assert client.recv(16) == b""
+        client.close()
+        assert p.poll(0) == [(fd, select.POLLNVAL)]
+    finally:
+        client.close()
+        server.close()
