@@ -1219,8 +1219,47 @@ def _exact(fileobj: Any) -> None:
 
 
 def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
+    """``select.select`` while patched: rsock connections whose fileno() is
+    lazy are answered by the engine while that needs no wait (something is
+    ready, or the timeout is 0: a connection check, as ``_Poll`` does);
+    otherwise everything is made exact and the kernel's select waits."""
+    rlist, wlist, xlist = _listed(rlist), _listed(wlist), _listed(xlist)
+    if (timeout is None or (type(timeout) in (int, float) and timeout >= 0)) and all(
+        type(x) in (list, tuple) for x in (rlist, wlist, xlist)
+    ):
+        lazy: dict[int, int] = {}  # id(object) -> the engine's readiness
+        for f in (*rlist, *wlist, *xlist):
+            conn = _lazy_conn(f)
+            if conn is not None:
+                h = conn[1]._h
+                lazy[id(f)] = _ll.poll(h) if h is not None else _ll.POLLERR
+        if lazy:
+            r = [f for f in rlist if lazy.get(id(f), 0) & _READABLE]
+            w = [f for f in wlist if lazy.get(id(f), 0) & _WRITABLE]
+            if r or w or timeout == 0:
+                lists = (rlist, wlist, xlist)
+                rest = [_exact_all([f for f in x if id(f) not in lazy]) for x in lists]
+                if any(rest):
+                    got = _select_std(rest[0], rest[1], rest[2], 0)
+                    seen = [{id(f) for f in g} for g in got]
+                    r = [f for f in rlist if id(f) in seen[0] or lazy.get(id(f), 0) & _READABLE]
+                    w = [f for f in wlist if id(f) in seen[1] or lazy.get(id(f), 0) & _WRITABLE]
+                    return r, w, [f for f in xlist if id(f) in seen[2]]
+                return r, w, []
     rlist, wlist, xlist = _exact_all(rlist), _exact_all(wlist), _exact_all(xlist)
     return _select_std(rlist, wlist, xlist, timeout)
+
+
+def _listed(fileobjs: Any) -> Any:
+    """An iterable of select's as a list (read once: it may be a one-shot
+    iterator); anything else as it is (select raises its own error)."""
+    if type(fileobjs) in (list, tuple):
+        return fileobjs
+    try:
+        return list(fileobjs)
+    except TypeError:
+        return fileobjs
+
 
 
 class _Poll:

@@ -234,13 +234,17 @@ def test_a_fresh_fileno_reads_as_an_open_fd(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["rsock"], indirect=True)
 def test_a_connection_fileno_is_a_stand_in_until_polled(kind: str) -> None:
-    """The fast path: no socketpair for a fileno() nobody polls; the first
-    poller makes it one, on the same number."""
+    """The fast path: no socketpair for a fileno() nobody polls, nor for
+    one only checked without waiting (the engine answers a select with
+    timeout 0); the first poller that may wait makes it one, on the same
+    number."""
     client, server = connected_pair()
     try:
         fd = server.fileno()
         assert not is_socketpair_end(fd)
-        select.select([server], [], [], 0)
+        assert select.select([server], [server], [server], 0) == ([], [server], [])
+        assert not is_socketpair_end(fd)
+        assert select.select([server], [], [], 0.01) == ([], [], [])
         assert server.fileno() == fd
         assert is_socketpair_end(fd)
     finally:
@@ -521,5 +525,47 @@ def test_a_kept_alive_connection_checked_with_poll_zero(kind: str) -> None:
         client.close()
         assert p.poll(0) == [(fd, select.POLLNVAL)]
     finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_select_zero_over_a_connection_and_a_pipe(kind: str) -> None:
+    """``select.select(..., 0)`` over a connection (the object and its fd
+    number) and a pipe answers as the stdlib's: the objects given, in their
+    order, each list for itself; a select with a timeout that finds one
+    ready returns at once.  Under the patch the connection's fileno() stays
+    lazy (the engine answers for it) and no watcher thread wakes per reply."""
+    client, server = connected_pair()
+    r, w = os.pipe()
+    try:
+        fd = client.fileno()
+        before = _watcher_switches()
+        for _ in range(30):
+            assert select.select([client, r], [], [], 0) == ([], [], [])
+            client.sendall(b"q")
+            assert server.recv(1) == b"q"
+            server.sendall(b"a")
+            assert client.recv(1) == b"a"
+        woke = _watcher_switches() - before
+        os.write(w, b"x")
+        server.sendall(b"more")
+        want = ([r, client, fd], [w, client], [])
+        deadline = time.monotonic() + 10
+        while select.select([r, client, fd], [w, client], [client], 0) != want:
+            assert time.monotonic() < deadline
+        start = time.monotonic()
+        assert select.select([client], [], [], 5) == ([client], [], [])
+        assert time.monotonic() - start < 1
+        assert client.recv(16) == b"more"
+        assert os.read(r, 1) == b"x"
+        assert select.select([client, fd, r], [], [], 0) == ([], [], [])
+        if kind == "rsock":
+            assert not is_socketpair_end(fd)
+            assert woke <= 5, f"the watcher thread woke {woke} times in 30 requests"
+    finally:
+        os.close(r)
+        os.close(w)
         client.close()
         server.close()
