@@ -524,6 +524,39 @@ def test_fileno_reader_of_a_dropped_or_closed_socket(kind: str, run: Any) -> Non
     assert out == [True, b"", True]
 
 
+class _Echo:
+    """Readers for the two ends of a non-blocking pair: ``echo`` (the
+    server's) sends back what it reads; ``on_reply`` (the client's) keeps
+    what comes and resolves ``arrived``."""
+
+    def __init__(self, client: Any, conn: Any) -> None:
+        self.client, self.conn = client, conn
+        self.got: list[bytes] = []
+        self.arrived: asyncio.Future[None] | None = None
+
+    def echo(self) -> None:
+        try:
+            data = self.conn.recv(1 << 16)
+        except BlockingIOError:
+            return
+        if data:
+            self.conn.send(data)
+
+    def on_reply(self) -> None:
+        try:
+            data = self.client.recv(1 << 16)
+        except BlockingIOError:
+            return
+        self.got.append(data)
+        if self.arrived is not None and not self.arrived.done():
+            self.arrived.set_result(None)
+
+    async def round_trip(self, msg: bytes) -> None:
+        self.arrived = asyncio.get_running_loop().create_future()
+        self.client.send(msg)
+        await asyncio.wait_for(self.arrived, 10)
+
+
 @pytest.mark.parametrize("kind", ["tcp", "rsock"])
 def test_fileno_readers_and_writers_on_the_loop(kind: str, run: Any) -> None:
     """A program that waits with loop.add_reader/add_writer on fileno()
@@ -545,45 +578,18 @@ def test_fileno_readers_and_writers_on_the_loop(kind: str, run: Any) -> None:
         loop = asyncio.get_running_loop()
         client, conn = nonblocking_pair()
         assert isinstance(client, rsock.socket) == (kind == "rsock")
-        got: list[bytes] = []
-        echo_reads = 0
-
-        def echo() -> None:  # the server side: echoes what it reads
-            nonlocal echo_reads
-            echo_reads += 1
-            try:
-                data = conn.recv(1 << 16)
-            except BlockingIOError:
-                return
-            if data:
-                conn.send(data)
-
-        arrived: asyncio.Future[None] | None = None
-
-        def on_reply() -> None:
-            try:
-                data = client.recv(1 << 16)
-            except BlockingIOError:
-                return
-            got.append(data)
-            if arrived is not None and not arrived.done():
-                arrived.set_result(None)
-
-        loop.add_reader(conn.fileno(), echo)
-        loop.add_reader(client, on_reply)  # a socket object, as the loops take it
+        pair = _Echo(client, conn)
+        loop.add_reader(conn.fileno(), pair.echo)
+        loop.add_reader(client, pair.on_reply)  # a socket object, as the loops take it
         before = _thread_switches()
         for i in range(100):  # the first events are the loop's own (_ROUTE_AFTER)
-            arrived = loop.create_future()
-            client.send(b"%04d" % i)
-            await asyncio.wait_for(arrived, 10)
+            await pair.round_trip(b"%04d" % i)
         woke = -wakeups(client) - wakeups(conn)
         for i in range(100, 300):
-            arrived = loop.create_future()
-            client.send(b"%04d" % i)
-            await asyncio.wait_for(arrived, 10)
+            await pair.round_trip(b"%04d" % i)
         woke += wakeups(client) + wakeups(conn)
         after = _thread_switches()
-        assert b"".join(got) == b"".join(b"%04d" % i for i in range(300))
+        assert b"".join(pair.got) == b"".join(b"%04d" % i for i in range(300))
         # (asyncio's loop reports whether there was one; uvloop returns None)
         told = isinstance(loop, asyncio.BaseEventLoop)
         # level-triggered: data left unread keeps calling the reader
@@ -645,38 +651,17 @@ def test_fileno_reader_at_any_poll_budget(
         loop = asyncio.get_running_loop()
         client, conn = nonblocking_pair()
         assert isinstance(client, rsock.socket) == (kind == "rsock")
-        got: list[bytes] = []
-        arrived: asyncio.Future[None] | None = None
-
-        def echo() -> None:
-            try:
-                data = conn.recv(1 << 16)
-            except BlockingIOError:
-                return
-            if data:
-                conn.send(data)
-
-        def on_reply() -> None:
-            try:
-                data = client.recv(1 << 16)
-            except BlockingIOError:
-                return
-            got.append(data)
-            if arrived is not None and not arrived.done():
-                arrived.set_result(None)
-
-        loop.add_reader(conn.fileno(), echo)
-        loop.add_reader(client.fileno(), on_reply)
+        pair = _Echo(client, conn)
+        loop.add_reader(conn.fileno(), pair.echo)
+        loop.add_reader(client.fileno(), pair.on_reply)
         for i in range(50):
-            arrived = loop.create_future()
-            client.send(b"%04d" % i)
-            await asyncio.wait_for(arrived, 10)
+            await pair.round_trip(b"%04d" % i)
             await asyncio.sleep(0.001 if i % 10 == 0 else 0)  # (some waits the poller ends)
         loop.remove_reader(conn.fileno())
         loop.remove_reader(client.fileno())
         client.close()
         conn.close()
-        return b"".join(got)
+        return b"".join(pair.got)
 
     try:
         got = run(main())
