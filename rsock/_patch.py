@@ -1236,6 +1236,10 @@ def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
         if lazy:
             r = [f for f in rlist if lazy.get(id(f), 0) & _READABLE]
             w = [f for f in wlist if lazy.get(id(f), 0) & _WRITABLE]
+            if not (r or w or timeout == 0) and len(lazy) == 1:
+                waited = _select_one(rlist, wlist, xlist, timeout)
+                if waited is not None:
+                    return waited
             if r or w or timeout == 0:
                 lists = (rlist, wlist, xlist)
                 rest = [_exact_all([f for f in x if id(f) not in lazy]) for x in lists]
@@ -1248,6 +1252,26 @@ def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
                 return r, w, []
     rlist, wlist, xlist = _exact_all(rlist), _exact_all(wlist), _exact_all(xlist)
     return _select_std(rlist, wlist, xlist, timeout)
+
+
+def _select_one(rlist: Any, wlist: Any, xlist: Any, timeout: Any) -> Any:
+    """select() over one lazy connection and nothing else (the usual
+    wait before a ``recv``): the engine waits, as a blocking call of the
+    socket would (no exact fd, no watcher thread to wake it); None if
+    anything else is listed."""
+    f = next(iter((*rlist, *wlist, *xlist)))
+    if any(g is not f for g in (*rlist, *wlist, *xlist)):
+        return None
+    events = (POLLIN if rlist else 0) | (POLLOUT if wlist else 0)
+    conn = _lazy_conn(f)
+    if not events or conn is None:
+        return None
+    rev = conn[1]._wait_events(events, None if timeout is None else float(timeout))
+    return (
+        [g for g in rlist if rev & _READABLE],
+        [g for g in wlist if rev & _WRITABLE],
+        [],
+    )
 
 
 def _listed(fileobjs: Any) -> Any:

@@ -2206,6 +2206,18 @@ class socket:
                 break
         return got, [], 0, None
 
+    def _wait_events(self, events: int, timeout: float | None) -> int:
+        """Waits (``timeout`` seconds, None: forever) until the connection is
+        ready for ``events`` (``POLLIN``/``POLLOUT``); its readiness then,
+        0 if none came in time; a closed or failed one is ready for
+        everything (a poller finds what is wrong when it calls)."""
+        h = self._h
+        if h is None:
+            return _ll.POLLIN | _ll.POLLOUT | _ll.POLLERR
+        timeout, deadline = _clock(timeout)
+        rc: int = self._attempt(_ll.wait, h, (events,), timeout, deadline)
+        return rc if rc >= 0 else _ll.POLLIN | _ll.POLLOUT | _ll.POLLERR
+
     def _wait_readable(self, f: int) -> None:
         """A zero-byte recvmsg: like CPython, wait until the socket is
         readable (data or EOF) under the socket's timeout."""

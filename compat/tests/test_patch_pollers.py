@@ -236,15 +236,18 @@ def test_a_fresh_fileno_reads_as_an_open_fd(kind: str) -> None:
 def test_a_connection_fileno_is_a_stand_in_until_polled(kind: str) -> None:
     """The fast path: no socketpair for a fileno() nobody polls, nor for
     one only checked without waiting (the engine answers a select with
-    timeout 0); the first poller that may wait makes it one, on the same
-    number."""
+    timeout 0) or waited for alone by select (the engine waits); the first
+    kernel poller that may wait makes it one, on the same number."""
     client, server = connected_pair()
     try:
         fd = server.fileno()
         assert not is_socketpair_end(fd)
         assert select.select([server], [server], [server], 0) == ([], [server], [])
-        assert not is_socketpair_end(fd)
         assert select.select([server], [], [], 0.01) == ([], [], [])
+        assert not is_socketpair_end(fd)
+        p = select.poll()
+        p.register(server, select.POLLIN)
+        assert p.poll(10) == []
         assert server.fileno() == fd
         assert is_socketpair_end(fd)
     finally:
@@ -567,5 +570,57 @@ def test_select_zero_over_a_connection_and_a_pipe(kind: str) -> None:
     finally:
         os.close(r)
         os.close(w)
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_select_waits_on_one_connection(kind: str) -> None:
+    """``select.select([sock], [], [], timeout)`` before each ``recv`` (the
+    wait of telnetlib-style clients): it returns the socket when data or
+    EOF comes, nothing once the timeout ran out, and a signal handler runs
+    during the wait without ending it (PEP 475), as the stdlib's.  Under the
+    patch the engine waits for a lazy connection listed alone: its
+    fileno() stays lazy and the watcher thread never wakes (a kernel select
+    on the exact fd needed that thread's wake-up per event)."""
+    import signal
+
+    client, server = connected_pair()
+    try:
+        fd = client.fileno()
+        before = _watcher_switches()
+        for i in range(30):
+            sender = send_later(server, b"%03d" % i, delay=0.002)
+            assert select.select([client], [], [], 10) == ([client], [], [])
+            sender.join()
+            assert client.recv(16) == b"%03d" % i
+        woke = _watcher_switches() - before
+        start = time.monotonic()
+        assert select.select([fd], [], [], 0.2) == ([], [], [])
+        assert 0.18 <= time.monotonic() - start < 2
+        ticks: list[int] = []
+        old = signal.signal(signal.SIGALRM, lambda *a: ticks.append(1))
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            sender = send_later(server, b"late", delay=0.3)
+            start = time.monotonic()
+            assert select.select([client], [], [], 10) == ([client], [], [])
+            assert 0.25 <= time.monotonic() - start < 5
+            assert ticks == [1]
+            sender.join()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        assert client.recv(16) == b"late"
+        closer = threading.Timer(0.05, server.close)
+        closer.start()
+        assert select.select([client], [], [], 10) == ([client], [], [])  # EOF
+        closer.join()
+        assert client.recv(16) == b""
+        if kind == "rsock":
+            assert not is_socketpair_end(fd)
+            assert woke <= 5, f"the watcher thread woke {woke} times in 30 waits"
+    finally:
         client.close()
         server.close()
