@@ -199,9 +199,17 @@ class _SocketMeta(type):
 _tls_std: type | None = None
 
 
-def _is_rsock_tls(cls: Any) -> bool:
+def _rsock_tls_class() -> type | None:
+    """rsock._ssl.SSLSocket once that module has made it (another thread
+    may be importing the module right now: partly initialised, it is in
+    sys.modules without the class, and no instance of it exists yet)."""
     tls = sys.modules.get("rsock._ssl")
-    return tls is not None and _active and isinstance(cls, type) and issubclass(cls, tls.SSLSocket)
+    return getattr(tls, "SSLSocket", None) if tls is not None else None
+
+
+def _is_rsock_tls(cls: Any) -> bool:
+    tls = _rsock_tls_class()
+    return tls is not None and _active and isinstance(cls, type) and issubclass(cls, tls)
 
 
 def _patch_tls_class(module: types.ModuleType) -> None:
@@ -221,10 +229,10 @@ def _socket_classes() -> tuple[type, ...]:
     """The classes the patched ``socket.socket`` stands for: the stdlib's,
     rsock's, and rsock's TLS socket once that module is loaded (the stdlib's
     ``ssl.SSLSocket`` is a ``socket.socket`` too)."""
-    tls = sys.modules.get("rsock._ssl")
+    tls = _rsock_tls_class()
     if tls is None:
         return (_Std, _rs.socket)
-    return (_Std, _rs.socket, tls.SSLSocket)
+    return (_Std, _rs.socket, tls)
 
 
 class socket(_Std, metaclass=_SocketMeta):
@@ -875,11 +883,10 @@ def _wrap_start_tls(original: Any) -> Callable[..., Any]:
     async def start_tls(
         self: Any, transport: Any, protocol: Any, sslcontext: Any, *args: Any, **kw: Any
     ) -> Any:
-        rsa = sys.modules.get("rsock.asyncio")  # no rsock transport without it
+        rsa: Any = sys.modules.get("rsock.asyncio")  # no rsock transport without it
         if (
             args
-            or rsa is None
-            or not isinstance(transport, rsa.RsockTransport)
+            or not _is_rsock_transport(rsa, transport)
             or not allowed.issuperset(kw)
             or not _routable(self)
         ):
@@ -890,16 +897,22 @@ def _wrap_start_tls(original: Any) -> Callable[..., Any]:
     return start_tls
 
 
+def _is_rsock_transport(rsa: Any, transport: Any) -> bool:
+    """Is ``transport`` rsock.asyncio's (``rsa``: that module if imported;
+    partly, while another thread imports it: then none exists yet)?"""
+    cls = getattr(rsa, "RsockTransport", None) if rsa is not None else None
+    return cls is not None and isinstance(transport, cls)
+
+
 def _wrap_sendfile(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     async def sendfile(
         self: Any, transport: Any, file: Any, offset: int = 0, count: int | None = None,
         *, fallback: bool = True,
     ) -> int:  # fmt: skip
-        rsa = sys.modules.get("rsock.asyncio")  # no rsock transport without it
+        rsa: Any = sys.modules.get("rsock.asyncio")  # no rsock transport without it
         if (
-            rsa is None
-            or not isinstance(transport, rsa.RsockTransport)
+            not _is_rsock_transport(rsa, transport)
             or "_sendfile_native" in getattr(self, "__dict__", ())  # a test's double
             or not _routable(self)
         ):
@@ -1304,12 +1317,15 @@ class _Poll:
     # poll and unregister are the stdlib object's own (bound) while no
     # lazy connection is registered: no call more per poll for a loop's
     # selector
-    __slots__ = ("_p", "poll", "unregister", "_lazy")
+    __slots__ = ("_p", "poll", "unregister", "_lazy", "_others")
     _p: Any  # (select.poll's object: typeshed names no class for it)
     poll: Callable[..., list[tuple[int, int]]]
     unregister: Callable[[Any], None]
     # fd -> (its lazy connection, weakly; the events registered for it)
     _lazy: dict[int, tuple[weakref.ref[_rs.socket], int]]
+    # the other fds registered (maybe some unregistered since, through the
+    # stdlib's own unregister: then a lazy one is not waited for alone)
+    _others: set[int]
 
     def __new__(cls, *args: Any, **kw: Any) -> _Poll:
         raise TypeError(f"cannot create '{cls.__module__}.{cls.__qualname__}' instances")
@@ -1319,11 +1335,14 @@ class _Poll:
         if lazy is None:
             _exact(fd)
             self._p.register(fd, *eventmask)
+            n = _known_fd(fd)  # (-1: an object whose fileno() is not ours to call)
+            self._others.add(n)
             if self._lazy:
-                self._lazy.pop(_fd_of(fd), None)
+                self._lazy.pop(n, None)
             return
         self._p.register(fd, *eventmask)  # (its checks; its answer for fd is not used)
         n, sock = lazy
+        self._others.discard(n)
         mask = operator.index(eventmask[0]) & 0xFFFF if eventmask else _POLL_DEFAULT
         self._lazy[n] = (weakref.ref(sock), mask)
         self.poll = self._poll_lazy
@@ -1345,7 +1364,10 @@ class _Poll:
 
     def _unregister_lazy(self, fd: Any, /) -> None:
         self._p.unregister(fd)  # (KeyError, as the stdlib's)
-        self._lazy.pop(_fd_of(fd), None)
+        n = _known_fd(fd)
+        self._lazy.pop(n, None)
+        if n >= 0:
+            self._others.discard(n)
         if not self._lazy:
             self._plain()
 
@@ -1366,6 +1388,16 @@ class _Poll:
                 rev = _ll.poll(h) & (mask | _ll.POLLERR | _ll.POLLHUP)
                 if rev:
                     ready.append((n, rev))
+            if not (ready or zero) and len(lazy) == 1 and not self._others:
+                # one lazy connection alone (multiprocessing.connection.wait,
+                # urllib3's wait_for_read): the engine waits for it
+                ((n, (ref, mask)),) = lazy.items()
+                sock = ref()
+                events = mask & (POLLIN | POLLOUT)
+                if sock is not None and events:
+                    wait = None if timeout is None or timeout < 0 else float(timeout) / 1000
+                    rev = sock._wait_events(events, wait) & (mask | _ll.POLLERR | _ll.POLLHUP)
+                    return [(n, rev)] if rev else []
             if ready or zero:
                 got: list[tuple[int, int]] = self._p.poll(0)
                 if not lazy:
@@ -1383,6 +1415,16 @@ class _Poll:
 
 
 _POLL_DEFAULT = select.POLLIN | select.POLLPRI | select.POLLOUT  # poll.register's
+
+
+def _known_fd(fileobj: Any) -> int:
+    """The fd of an int or an rsock socket; -1 for any other object (its
+    fileno() is called by the poller only, as the stdlib does)."""
+    if type(fileobj) is int:
+        return fileobj
+    if type(fileobj) is _rs.socket:
+        return fileobj.fileno()
+    return -1
 
 
 def _lazy_conn(fileobj: Any) -> tuple[int, _rs.socket] | None:
@@ -1454,6 +1496,7 @@ def _poll() -> _Poll:
     p.poll = std.poll
     p.unregister = std.unregister
     p._lazy = {}
+    p._others = set()
     return p
 
 

@@ -235,19 +235,23 @@ def test_a_fresh_fileno_reads_as_an_open_fd(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["rsock"], indirect=True)
 def test_a_connection_fileno_is_a_stand_in_until_polled(kind: str) -> None:
     """The fast path: no socketpair for a fileno() nobody polls, nor for
-    one only checked without waiting (the engine answers a select with
-    timeout 0) or waited for alone by select (the engine waits); the first
-    kernel poller that may wait makes it one, on the same number."""
+    one only checked without waiting (the engine answers a select or poll
+    with timeout 0) or waited for alone by select or poll (the engine
+    waits); the first kernel poller that may wait (epoll, or a select or
+    poll over other fds too) makes it one, on the same number."""
     client, server = connected_pair()
     try:
         fd = server.fileno()
         assert not is_socketpair_end(fd)
         assert select.select([server], [server], [server], 0) == ([], [server], [])
         assert select.select([server], [], [], 0.01) == ([], [], [])
-        assert not is_socketpair_end(fd)
         p = select.poll()
         p.register(server, select.POLLIN)
         assert p.poll(10) == []
+        assert not is_socketpair_end(fd)
+        with select.epoll() as ep:
+            ep.register(server, select.EPOLLIN)
+            assert ep.poll(0.01) == []
         assert server.fileno() == fd
         assert is_socketpair_end(fd)
     finally:
@@ -576,28 +580,33 @@ def test_select_zero_over_a_connection_and_a_pipe(kind: str) -> None:
 
 @pytest.mark.timeout_s(60)
 @pytest.mark.parametrize("kind", KINDS, indirect=True)
-def test_select_waits_on_one_connection(kind: str) -> None:
-    """``select.select([sock], [], [], timeout)`` before each ``recv`` (the
-    wait of telnetlib-style clients): it returns the socket when data or
-    EOF comes, nothing once the timeout ran out, and a signal handler runs
-    during the wait without ending it (PEP 475), as the stdlib's.  Under the
-    patch the engine waits for a lazy connection listed alone: its
-    fileno() stays lazy and the watcher thread never wakes (a kernel select
+@pytest.mark.parametrize(
+    "waiter", ["select", "select-fd", "poll", "PollSelector", "SelectSelector"]
+)
+def test_a_lone_connection_waited_for(kind: str, waiter: str) -> None:
+    """A wait on one socket before each ``recv`` (telnetlib's select,
+    multiprocessing.connection.wait's PollSelector, urllib3's
+    wait_for_read): it reports the socket when data or EOF comes, nothing
+    once the timeout ran out, and a signal handler runs during the wait
+    without ending it (PEP 475), as the stdlib's.  Under the patch the
+    engine waits for a lazy connection polled alone (select, poll): its
+    fileno() stays lazy and the watcher thread never wakes (a kernel wait
     on the exact fd needed that thread's wake-up per event)."""
     import signal
 
+    wait = WAITERS[waiter]
     client, server = connected_pair()
     try:
         fd = client.fileno()
         before = _watcher_switches()
         for i in range(30):
             sender = send_later(server, b"%03d" % i, delay=0.002)
-            assert select.select([client], [], [], 10) == ([client], [], [])
+            assert wait(client, 10)
             sender.join()
             assert client.recv(16) == b"%03d" % i
         woke = _watcher_switches() - before
         start = time.monotonic()
-        assert select.select([fd], [], [], 0.2) == ([], [], [])
+        assert not wait(client, 0.2)
         assert 0.18 <= time.monotonic() - start < 2
         ticks: list[int] = []
         old = signal.signal(signal.SIGALRM, lambda *a: ticks.append(1))
@@ -605,7 +614,7 @@ def test_select_waits_on_one_connection(kind: str) -> None:
             signal.setitimer(signal.ITIMER_REAL, 0.05)
             sender = send_later(server, b"late", delay=0.3)
             start = time.monotonic()
-            assert select.select([client], [], [], 10) == ([client], [], [])
+            assert wait(client, 10)
             assert 0.25 <= time.monotonic() - start < 5
             assert ticks == [1]
             sender.join()
@@ -615,7 +624,7 @@ def test_select_waits_on_one_connection(kind: str) -> None:
         assert client.recv(16) == b"late"
         closer = threading.Timer(0.05, server.close)
         closer.start()
-        assert select.select([client], [], [], 10) == ([client], [], [])  # EOF
+        assert wait(client, 10)  # EOF
         closer.join()
         assert client.recv(16) == b""
         if kind == "rsock":
