@@ -1241,16 +1241,18 @@ def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
         type(x) in (list, tuple) for x in (rlist, wlist, xlist)
     ):
         lazy: dict[int, int] = {}  # id(object) -> the engine's readiness
+        sock: _rs.socket | None = None  # (the last of them)
         for f in (*rlist, *wlist, *xlist):
             conn = _lazy_conn(f)
             if conn is not None:
-                h = conn[1]._h
+                sock = conn[1]
+                h = sock._h
                 lazy[id(f)] = _ll.poll(h) if h is not None else _ll.POLLERR
         if lazy:
             r = [f for f in rlist if lazy.get(id(f), 0) & _READABLE]
             w = [f for f in wlist if lazy.get(id(f), 0) & _WRITABLE]
-            if not (r or w or timeout == 0) and len(lazy) == 1:
-                waited = _select_one(rlist, wlist, xlist, timeout)
+            if not (r or w or timeout == 0) and len(lazy) == 1 and sock is not None:
+                waited = _select_one(sock, rlist, wlist, xlist, timeout)
                 if waited is not None:
                     return waited
             if r or w or timeout == 0:
@@ -1267,19 +1269,18 @@ def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
     return _select_std(rlist, wlist, xlist, timeout)
 
 
-def _select_one(rlist: Any, wlist: Any, xlist: Any, timeout: Any) -> Any:
-    """select() over one lazy connection and nothing else (the usual
-    wait before a ``recv``): the engine waits, as a blocking call of the
-    socket would (no exact fd, no watcher thread to wake it); None if
-    anything else is listed."""
+def _select_one(sock: _rs.socket, rlist: Any, wlist: Any, xlist: Any, timeout: Any) -> Any:
+    """select() over one lazy connection (``sock``, listed as one object
+    or fd) and nothing else (the usual wait before a ``recv``): the engine
+    waits, as a blocking call of the socket would (no exact fd, no watcher
+    thread to wake it); None if anything else is listed."""
     f = next(iter((*rlist, *wlist, *xlist)))
     if any(g is not f for g in (*rlist, *wlist, *xlist)):
         return None
     events = (POLLIN if rlist else 0) | (POLLOUT if wlist else 0)
-    conn = _lazy_conn(f)
-    if not events or conn is None:
+    if not events:
         return None
-    rev = conn[1]._wait_events(events, None if timeout is None else float(timeout))
+    rev = sock._wait_events(events, None if timeout is None else float(timeout))
     return (
         [g for g in rlist if rev & _READABLE],
         [g for g in wlist if rev & _WRITABLE],
@@ -1349,13 +1350,14 @@ class _Poll:
         self.unregister = self._unregister_lazy
 
     def modify(self, fd: Any, *eventmask: Any) -> None:
-        entry = self._lazy.get(_fd_of(fd)) if self._lazy else None
+        n = _known_fd(fd) if self._lazy else -1
+        entry = self._lazy.get(n) if n >= 0 else None
         if entry is None:
             _exact(fd)
             self._p.modify(fd, *eventmask)
             return
         self._p.modify(fd, *eventmask)
-        self._lazy[_fd_of(fd)] = (entry[0], operator.index(eventmask[0]) & 0xFFFF)
+        self._lazy[n] = (entry[0], operator.index(eventmask[0]) & 0xFFFF)
 
     def _plain(self) -> None:
         """No lazy connection left: the stdlib object's own methods again."""
