@@ -1377,7 +1377,7 @@ class _Poll:
         lazy = self._lazy
         ready: list[tuple[int, int]] = []
         zero = type(timeout) in (int, float) and timeout == 0
-        if zero or timeout is None or type(timeout) in (int, float):
+        if timeout is None or type(timeout) in (int, float):
             for n, (ref, mask) in list(lazy.items()):
                 sock = ref()
                 h = sock._h if sock is not None else None
