@@ -486,12 +486,16 @@ static void rk_on_recv(struct proto *p, const struct prov_wc *wc)
 	rk_apply_ctrl(p, &m);
 	if (p->flags & F_DEAD)
 		return;
-	if (op == OP_FIN) {
-		/* the peer's plain writes, all of them before its FIN */
+	if (op == OP_FIN || (op == OP_RESET && !(p->flags & F_PEER_FIN)))
+		/* the peer's plain writes, all of them before its FIN or its
+		 * reset (readable before the reset's error, as TCP's bytes
+		 * that came before an RST) */
 		proto_take_written(p);
-		if (!(p->flags & F_DEAD))
-			p->flags |= F_PEER_FIN;
-	} else if (op == OP_RESET && (p->flags & F_PEER_FIN))
+	if (p->flags & F_DEAD)
+		return;
+	if (op == OP_FIN)
+		p->flags |= F_PEER_FIN;
+	else if (op == OP_RESET && (p->flags & F_PEER_FIN))
 		/* after its FIN, as Linux TCP takes an RST in CLOSE_WAIT: reads
 		 * keep their EOF, sends fail with EPIPE */
 		proto_fail(p, EPIPE, 0, "the peer aborted the connection after its FIN");

@@ -461,6 +461,37 @@ static void t_reset_after_fin(void)
 	rsk_free(b);
 }
 
+/* Plain writes, then a reset (the peer's close with our data unread) before
+ * we looked: the bytes written before the reset are read first, then
+ * ECONNRESET, then EOF, as Linux TCP reads what arrived before an RST.
+ * (The reset used to end the connection before the plain writes were taken
+ * in: CPython's test_pha_required_nocert read ECONNRESET instead of the
+ * server's TLS alert, sometimes.) */
+static void t_plain_writes_then_reset(void)
+{
+	struct rsk_opts o = opts(1 << 16, 16);
+	rsk_sock *a, *b;
+	char buf[512];
+	int i;
+
+	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
+	CHECK_EQ(rsk_send(a, "unread", 6, 0, -1), 6);
+	for (i = 0; i < 300; i++) {
+		char c = (char)i;
+
+		CHECK_EQ(rsk_send(b, &c, 1, 0, 0), 1);
+	}
+	CHECK(b->p.s_tail > b->p.s_announced); /* plain bytes at the end */
+	rsk_close(b); /* with "unread" unread: a reset */
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), 300);
+	for (i = 0; i < 300; i++)
+		CHECK_EQ(buf[i], (char)i);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 2000), -ECONNRESET);
+	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, 2000), 0);
+	rsk_free(a);
+	rsk_free(b);
+}
+
 /* Our shutdown(SHUT_RD): what the peer sends before or after is still
  * read, then EOF; after shutdown(SHUT_RDWR), data that arrives is answered
  * with a reset (the peer's sends fail with EPIPE, ours read ECONNRESET) and
@@ -1400,6 +1431,7 @@ int main(void)
 	RUN(t_reuseport_join);
 	RUN(t_credit_exhaustion);
 	RUN(t_plain_write_wakes);
+	RUN(t_plain_writes_then_reset);
 	RUN(t_space_threshold);
 	RUN(t_threshold_sizes);
 	RUN(t_ctrl_reserve);
