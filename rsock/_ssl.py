@@ -45,11 +45,12 @@ import os
 import socket as _std
 import ssl
 import stat
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, Self, TypeVar, cast
+from typing import Any, NoReturn, Self, TypeVar, cast
 
 from typing_extensions import Buffer
 
@@ -65,6 +66,21 @@ _WRITE_CHUNK = 256 * 1024
 _HEADER = 5  # TLS record header: type, version (2), length (2)
 _SENDFILE_BLOCK = 256 * 1024
 _UNSET: Any = object()
+
+# What the stdlib's read() and write() raise when the socket under them fails
+# (a reset, a broken pipe): up to 3.12 SSL_read_ex/SSL_write_ex report it as
+# an EOF in violation of protocol, SSLEOFError, whatever the errno (which
+# suppress_ragged_eofs turns into b"" for a read); 3.13 raises the OSError
+# itself (gh-115627).  A handshake or unwrap raises the OSError in both.
+_SOCKET_ERROR_IS_EOF = sys.version_info < (3, 13)
+
+
+def _raise_as_stdlib(x: OSError) -> NoReturn:
+    """Raises what the stdlib's read()/write() raise for a failed socket
+    call ``x`` (see _SOCKET_ERROR_IS_EOF)."""
+    if _SOCKET_ERROR_IS_EOF and isinstance(x, ConnectionError):
+        raise ssl.SSLEOFError(ssl.SSL_ERROR_EOF, "EOF occurred in violation of protocol") from x
+    raise x
 
 
 def _encode_hostname(hostname: str | bytes | None) -> str | None:
@@ -517,11 +533,6 @@ class SSLSocket:
             raise want from None
         except TimeoutError:
             raise TimeoutError(f"The {what} operation timed out") from None
-        except ConnectionResetError:
-            # as the stdlib's (OpenSSL reading a kernel socket): a reset
-            # under TLS is an EOF in violation of protocol, SSLEOFError,
-            # which suppress_ragged_eofs turns into b""
-            data = b""
         self._track(data)
         with self._ssl_lock:
             if data:
@@ -641,7 +652,10 @@ class SSLSocket:
         else:
             op = lambda: sslobj.read(len)  # noqa: E731
         try:
-            return self._drive(op, "read", self._timeout)
+            try:
+                return self._drive(op, "read", self._timeout)
+            except OSError as x:
+                _raise_as_stdlib(x)
         except ssl.SSLError as x:
             if x.args[0] == ssl.SSL_ERROR_EOF and self.suppress_ragged_eofs:
                 return 0 if buffer is not None else b""
@@ -659,6 +673,12 @@ class SSLSocket:
             if sslobj.version() is None:
                 self._drive(sslobj.do_handshake, "handshake", timeout)
             self._handshake_done = True
+        try:
+            return self._write_all(sslobj, data, timeout)
+        except OSError as x:
+            _raise_as_stdlib(x)
+
+    def _write_all(self, sslobj: ssl.SSLObject, data: Buffer, timeout: float | None) -> int:
         with memoryview(data) as view:
             chunk = view.cast("B") if view.ndim != 1 or view.format != "B" else view
             if len(chunk) <= _WRITE_CHUNK or timeout == 0.0:

@@ -442,6 +442,51 @@ def test_ragged_eof(tls: SimpleNamespace, suppress: bool) -> None:
                 client.recv(10)
 
 
+@pytest.mark.parametrize("suppress", [True, False])
+def test_write_and_read_after_the_peer_reset(tls: SimpleNamespace, suppress: bool) -> None:
+    """The peer closes with our data unread (a reset, no close_notify): our
+    writes then raise what the stdlib's raise, SSLEOFError up to 3.12 (its
+    SSL_write_ex calls a failed send an EOF; rsock raised the socket's
+    ConnectionResetError, then BrokenPipeError), and a read the ragged EOF.
+    (Found by CPython's test_pha_required_nocert, which expects an SSLError
+    from a write that meets the server's reset.)"""
+    failed = ssl.SSLEOFError if sys.version_info < (3, 12) else OSError
+    client, server = tls_pair(tls, suppress_ragged_eofs=suppress)
+    with client:
+        client.sendall(b"never read")
+        time.sleep(0.05)
+        server.close()  # our record unread: a reset
+        time.sleep(0.1)
+        for _ in range(2):
+            with pytest.raises(failed, match="EOF occurred in violation of protocol"):
+                client.sendall(b"more")
+        if suppress:
+            assert client.recv(10) == b""
+        else:
+            with pytest.raises(failed):
+                client.recv(10)
+
+
+def test_handshake_reset_by_the_peer(tls: SimpleNamespace) -> None:
+    """A peer that resets during the handshake (it read part of our hello and
+    closed): the handshake raises ConnectionResetError, as the stdlib's
+    (OpenSSL's SSL_do_handshake passes the socket's error on; rsock raised
+    SSLEOFError)."""
+    raw_client, raw_server = connected_pair(tls.mod)
+
+    def reset_after_hello() -> None:
+        with raw_server:
+            assert raw_server.recv(1) == b"\x16"  # a handshake record, left unread
+            time.sleep(0.05)
+
+    bg = Background(reset_after_hello, name="server")
+    raw_client.settimeout(10)
+    with pytest.raises(ConnectionResetError):
+        tls.wrap(client_context(), raw_client, server_hostname="localhost")
+    bg.result(10)
+    raw_client.close()
+
+
 def test_clean_eof_after_close_notify(tls: SimpleNamespace) -> None:
     client, server = tls_pair(tls, suppress_ragged_eofs=False)
     with client, server:
