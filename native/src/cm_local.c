@@ -20,6 +20,7 @@
  * cm_ops: cm_local_ops, at the end); its listener (the rendezvous fds and
  * the clients parked until their REQ) is the last part of this file.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -30,6 +31,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -657,6 +659,18 @@ static int cm_local_connect(const struct cm_dial *d, const struct rsk_opts *o,
 		rc = -ECONNREFUSED;
 		goto out;
 	}
+	if (fault_config() > 0) {
+		int sleeps;
+		uint32_t late = fault_req_late(&sleeps);
+		int64_t until = eng_now_ns() + (int64_t)late * 1000000;
+
+		if (late && sleeps)
+			nanosleep(&(struct timespec){ .tv_sec = late / 1000,
+					.tv_nsec = (long)(late % 1000) * 1000000 },
+				  NULL);
+		while (late && !sleeps && eng_now_ns() < until)
+			; /* (RSOCK_FAULT req_late: a client preempted here) */
+	}
 	/* Our half (and the server's) on a slot of the arena we share with
 	 * that process, or else segments of their own: made right after the
 	 * connect, so that the REQ follows at once (a listener that wakes
@@ -889,15 +903,75 @@ static void cm_park(struct cm_listener *l, int fd, int short_of, int64_t now)
 	};
 }
 
+/* Is a thread of process pid running or runnable (or in an uninterruptible
+ * wait: a page fault), as /proc shows it?  The calling thread does not
+ * count (a client in our own process).  0 if none is, or if the process
+ * cannot be seen (another pid namespace: pid 0). */
+static int cm_proc_running(uint32_t pid)
+{
+	char path[64], buf[512];
+	struct dirent *e;
+	long self = (long)gettid();
+	DIR *d;
+	int on = 0;
+
+	if (!pid)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%u/task", pid);
+	d = opendir(path);
+	if (!d)
+		return 0;
+	while (!on && (e = readdir(d))) {
+		ssize_t n;
+		char *state;
+		int fd;
+
+		if (e->d_name[0] < '0' || e->d_name[0] > '9' ||
+		    strtol(e->d_name, NULL, 10) == self)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%u/task/%.20s/stat", pid,
+			 e->d_name);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		buf[n] = 0;
+		/* "tid (comm) S ...": comm may hold anything, ')' included */
+		state = strrchr(buf, ')');
+		if (state && state[1] == ' ' &&
+		    (state[2] == 'R' || state[2] == 'D'))
+			on = 1;
+	}
+	closedir(d);
+	return on;
+}
+
 /* A client's REQ follows its connect() at once (it made its segments
  * before connecting): a non-blocking accept that woke for the connection
- * gives the REQ a moment (1 ms at most, once per client) rather than fail
- * with EAGAIN on a listener that polled readable, which TCP's never does. */
+ * gives the REQ a moment rather than fail with EAGAIN on a listener that
+ * polled readable, which TCP's never does.  1 ms, and longer while the
+ * client's process runs (a client preempted between its connect and its
+ * send: seen for up to 14 ms on a loaded VM), at most CM_REQ_RUN_WAIT_MS
+ * once per client; a client whose threads all sleep is parked at once. */
+#define CM_REQ_RUN_WAIT_MS 50
 static int cm_req_soon(int fd)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN };
+	uint32_t pid = 0;
+	int ms;
 
-	return poll(&p, 1, 1) > 0 && cm_req_ready(fd);
+	for (ms = 0; ms < CM_REQ_RUN_WAIT_MS; ms++) {
+		if (poll(&p, 1, 1) > 0)
+			return cm_req_ready(fd);
+		if (ms == 0 && (!cm_peer_uid_ok(fd, &pid) || !pid))
+			return 0; /* (another uid's: refused anyway) */
+		if (!cm_proc_running(pid))
+			return 0;
+	}
+	return 0;
 }
 
 /* A JOIN (SO_REUSEPORT; PROTOCOL.md section 6) came to l through fd (its

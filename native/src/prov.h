@@ -229,5 +229,9 @@ int fault_config(void);
  * (the wrapper has none: today it wraps shm only). */
 int fault_wrap(const struct prov_ops **ops, struct prov_qp **qp,
 	       uint8_t *area, uint32_t qdepth);
+/* req_late: how long (ms, 0: no such fault) a client holds its handshake
+ * back after its rendezvous connect(), spinning (*sleeps 0: as a client
+ * preempted between the two) or asleep; call after fault_config(). */
+uint32_t fault_req_late(int *sleeps);
 
 #endif

@@ -28,6 +28,9 @@
  *   qp_error:N         after N successful writes the QP enters the error
  *                      state: posts fail (-EIO), the next poll returns an
  *                      error completion
+ *   req_late:MS[:sleep] a client sends its handshake (REQ) MS ms after its
+ *                      rendezvous connect(), spinning meanwhile (a client
+ *                      preempted between the two), or asleep with "sleep"
  *   corrupt:N:WHAT     the header of the first received message >= N that
  *                      WHAT applies to is corrupted before the engine sees
  *                      it, as if the peer wrote it: opcode (imm op = 7),
@@ -81,6 +84,8 @@ struct fault_cfg {
 	int err_recv;
 	int corrupt;           /* FC_* */
 	uint32_t delay_ms;
+	uint32_t req_late_ms;  /* req_late */
+	int req_late_sleeps;
 	int bad;               /* RSOCK_FAULT did not parse */
 	int on;                /* RSOCK_FAULT is set (and parsed) */
 };
@@ -171,6 +176,13 @@ static int fault_parse_one(char *e)
 		fault.delay_ms = (uint32_t)v;
 		return 0;
 	}
+	if (!strcmp(kind, "req_late")) {
+		if ((arg && strcmp(arg, "sleep")) || v > 60000)
+			return -1;
+		fault.req_late_ms = (uint32_t)v;
+		fault.req_late_sleeps = arg != NULL;
+		return 0;
+	}
 	for (k = 0; k < FK_NKINDS; k++)
 		if (!strcmp(kind, kinds[k]))
 			break;
@@ -234,6 +246,12 @@ int fault_config(void)
 {
 	pthread_once(&fault_once, fault_parse);
 	return fault.bad ? -EINVAL : fault.on;
+}
+
+uint32_t fault_req_late(int *sleeps)
+{
+	*sleeps = fault.req_late_sleeps;
+	return fault.on ? fault.req_late_ms : 0;
 }
 
 /* Does counter c (post-incremented) hit the trigger of kind k? */
