@@ -115,3 +115,25 @@ def test_apps_requests_thread_per_connection_server(tmp_path: Path) -> None:
             assert made == 2, clients  # one connection per client run
         else:
             assert made > 20, clients  # one per request
+
+
+@pytest.mark.timeout_s(150)
+def test_apps_selectors_echo_server(tmp_path: Path) -> None:
+    """The selectors documentation's echo server (epoll, non-blocking accept and
+    recv in one thread) and a blocking socket client, round trips on one
+    connection and a new connection per round trip: stdlib only, so never
+    skipped; both sides of every rsock rep on shm."""
+    proc, out = run_apps(tmp_path, "selectors-rtt,selectors-newconn", limit=140)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cases = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
+    assert sorted(cases) == ["selectors-newconn", "selectors-rtt"]
+    for name, case in cases.items():
+        assert case["status"] == "ok" and case["fast_path"] is True, case
+        for transport in ("tcp", "rsock"):
+            assert all(s["count"] > 0 for s in case["samples"][transport]), case
+        clients = case["reports"]["client"]
+        for counts in [case["reports"]["server"], *clients]:
+            assert not [k for k in counts if k.endswith(":tcp")], counts
+        made = sum(c.get("connect:shm", 0) for c in clients)
+        assert case["reports"]["server"].get("accept:shm") == made, case["reports"]
+        assert made == 2 if name == "selectors-rtt" else made > 20, clients
