@@ -32,6 +32,25 @@ def run_apps(
     return proc, out
 
 
+def connections_made(out: Path) -> dict[str, int]:
+    """Per case of the --json at ``out``: the rsock connections its clients made,
+    after checking that the case passed, every rep of both sides counted, and
+    every connection of the server and the clients took shm (each made one
+    accepted by the server, none on TCP)."""
+    made: dict[str, int] = {}
+    for case in json.loads(out.read_text())["cases"]:
+        assert case["status"] == "ok" and case["fast_path"] is True, case
+        for transport in ("tcp", "rsock"):
+            assert all(s["count"] > 0 for s in case["samples"][transport]), case
+        clients = case["reports"]["client"]
+        for counts in [case["reports"]["server"], *clients]:
+            assert not [k for k in counts if k.endswith(":tcp")], counts
+        n = sum(c.get("connect:shm", 0) for c in clients)
+        assert case["reports"]["server"].get("accept:shm") == n, case["reports"]
+        made[case["case"]] = n
+    return made
+
+
 @pytest.mark.timeout_s(150)
 def test_apps_tornado_round_trips_both_sides_fast_path(tmp_path: Path) -> None:
     # make test installs the compat extra (tornado): never skipped
@@ -100,21 +119,10 @@ def test_apps_requests_thread_per_connection_server(tmp_path: Path) -> None:
     assert importlib.util.find_spec("requests") is not None  # the compat extra
     proc, out = run_apps(tmp_path, "requests-keepalive,requests-newconn", limit=140)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    cases = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
-    assert sorted(cases) == ["requests-keepalive", "requests-newconn"]
-    for name, case in cases.items():
-        assert case["status"] == "ok" and case["fast_path"] is True, case
-        for transport in ("tcp", "rsock"):
-            assert all(s["count"] > 0 for s in case["samples"][transport]), case
-        clients = case["reports"]["client"]
-        for counts in [case["reports"]["server"], *clients]:
-            assert not [k for k in counts if k.endswith(":tcp")], counts
-        made = sum(c.get("connect:shm", 0) for c in clients)
-        assert case["reports"]["server"].get("accept:shm") == made, case["reports"]
-        if name == "requests-keepalive":
-            assert made == 2, clients  # one connection per client run
-        else:
-            assert made > 20, clients  # one per request
+    made = connections_made(out)
+    assert sorted(made) == ["requests-keepalive", "requests-newconn"]
+    assert made["requests-keepalive"] == 2, made  # one connection per client run
+    assert made["requests-newconn"] > 20, made  # one per request
 
 
 @pytest.mark.timeout_s(150)
@@ -125,15 +133,6 @@ def test_apps_selectors_echo_server(tmp_path: Path) -> None:
     skipped; both sides of every rsock rep on shm."""
     proc, out = run_apps(tmp_path, "selectors-rtt,selectors-newconn", limit=140)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    cases = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
-    assert sorted(cases) == ["selectors-newconn", "selectors-rtt"]
-    for name, case in cases.items():
-        assert case["status"] == "ok" and case["fast_path"] is True, case
-        for transport in ("tcp", "rsock"):
-            assert all(s["count"] > 0 for s in case["samples"][transport]), case
-        clients = case["reports"]["client"]
-        for counts in [case["reports"]["server"], *clients]:
-            assert not [k for k in counts if k.endswith(":tcp")], counts
-        made = sum(c.get("connect:shm", 0) for c in clients)
-        assert case["reports"]["server"].get("accept:shm") == made, case["reports"]
-        assert made == 2 if name == "selectors-rtt" else made > 20, clients
+    made = connections_made(out)
+    assert sorted(made) == ["selectors-newconn", "selectors-rtt"]
+    assert made["selectors-rtt"] == 2 and made["selectors-newconn"] > 20, made
