@@ -766,7 +766,8 @@ def test_readable_listener_and_a_client_slow_to_handshake(
     Python docs' selectors echo server died of it, about once in 35,000 new
     connections on a busy 2-vCPU VM).  Asleep (a client doing something else
     there): BlockingIOError at once (README), and the listener polls
-    readable again when the handshake comes."""
+    readable again when the handshake comes (on shm: the fault is the local
+    rendezvous's)."""
     import subprocess
     import sys
 
@@ -787,7 +788,9 @@ def test_readable_listener_and_a_client_slow_to_handshake(
         try:
             r, _, _ = select.select([listener], [], [], 20)
             assert r, "no connection"
-            if transport == "rsock" and late == "asleep":
+            if transport == "rsock" and late == "asleep" and FAST_PROVIDER == "shm":
+                # (over verbs the fault holds nothing back: rdma_cm's listener
+                # shows a connection once its exchange is done, as TCP's)
                 started = time.monotonic()
                 with pytest.raises(BlockingIOError):
                     listener.accept()
