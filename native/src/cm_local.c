@@ -955,7 +955,8 @@ static int cm_proc_running(uint32_t pid)
  * polled readable, which TCP's never does.  1 ms, and longer while the
  * client's process runs (a client preempted between its connect and its
  * send: seen for up to 14 ms on a loaded VM), at most CM_REQ_RUN_WAIT_MS
- * once per client; a client whose threads all sleep is parked at once. */
+ * once per client; a client whose threads all sleep is parked after the
+ * first millisecond. */
 #define CM_REQ_RUN_WAIT_MS 50
 static int cm_req_soon(int fd)
 {
