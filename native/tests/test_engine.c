@@ -204,6 +204,18 @@ static void t_stream_default(void)
 	stream_check(1 << 20, 256, 64u << 20, sizeof(((uint8_t[1 << 17]){ 0 })));
 }
 
+/* n one-byte sends of (char)(first + i), none of which may wait. */
+static void send_one_by_one(rsk_sock *s, int first, int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++) {
+		char c = (char)(first + i);
+
+		CHECK_EQ(rsk_send(s, &c, 1, 0, 0), 1);
+	}
+}
+
 /* Message credits run out at qdepth - reserve while the receiver takes
  * nothing in; small sends go on into the ring as plain writes (a TCP
  * sender's queue is bounded by bytes, not by writes), the receiver reads
@@ -217,11 +229,7 @@ static void t_credit_exhaustion(void)
 	int i;
 
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
-	for (i = 0; i < 300; i++) {
-		char c = (char)i;
-
-		CHECK_EQ(rsk_send(b, &c, 1, 0, 0), 1);
-	}
+	send_one_by_one(b, 0, 300);
 	CHECK(b->st.credit_stalls > 0);
 	CHECK_EQ(b->p.s_limit - b->p.s_msgs, CREDIT_RESERVE);
 	CHECK_EQ(b->p.s_tail - b->p.s_announced, 300 - (16 - CREDIT_RESERVE));
@@ -232,11 +240,7 @@ static void t_credit_exhaustion(void)
 		CHECK_EQ(buf[i], (char)i);
 	CHECK(a->p.r_tail > a->p.r_msg_tail); /* (no announcement yet) */
 	/* the receiver reaped: credits back; messages again */
-	for (i = 0; i < 5; i++) {
-		char c = (char)(100 + i);
-
-		CHECK_EQ(rsk_send(b, &c, 1, 0, 0), 1);
-	}
+	send_one_by_one(b, 100, 5);
 	CHECK_EQ(b->p.s_announced, b->p.s_tail);
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), 5);
 	for (i = 0; i < 5; i++)
@@ -476,11 +480,7 @@ static void t_plain_writes_then_reset(void)
 
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
 	CHECK_EQ(rsk_send(a, "unread", 6, 0, -1), 6);
-	for (i = 0; i < 300; i++) {
-		char c = (char)i;
-
-		CHECK_EQ(rsk_send(b, &c, 1, 0, 0), 1);
-	}
+	send_one_by_one(b, 0, 300);
 	CHECK(b->p.s_tail > b->p.s_announced); /* plain bytes at the end */
 	rsk_close(b); /* with "unread" unread: a reset */
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), RSK_F_WAITALL, 2000), 300);
