@@ -312,7 +312,8 @@ static void step(struct conn *c, struct input *in)
 	case A_V_POLL:
 		rc = rsk_poll(v);
 		FUZZ_CHECK(rc >= 0 && !(rc & ~(RSK_POLLIN | RSK_POLLOUT |
-					       RSK_POLLERR | RSK_POLLHUP)),
+					       RSK_POLLERR | RSK_POLLHUP |
+					       RSK_POLLRDHUP)),
 			   "rsk_poll: %d", rc);
 		rc = rsk_wait(v, in_u8(in) & (RSK_POLLIN | RSK_POLLOUT), 0);
 		FUZZ_CHECK(rc >= 0, "rsk_wait: %d", rc);

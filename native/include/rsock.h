@@ -46,11 +46,15 @@ extern "C" {
 #define RSK_SHUT_WR 1
 #define RSK_SHUT_RDWR 2
 
-/* rsk_poll event bits (same values as POLLIN/POLLOUT/POLLERR/POLLHUP) */
+/* rsk_poll event bits (same values as POLLIN/POLLOUT/POLLERR/POLLHUP and
+ * Linux's POLLRDHUP): as a TCP socket's, POLLRDHUP once the peer's FIN (or
+ * a reset) came, POLLHUP once both directions are shut or the connection
+ * died (reset, the peer gone), POLLERR while it has an error */
 #define RSK_POLLIN 1
 #define RSK_POLLOUT 4
 #define RSK_POLLERR 8
 #define RSK_POLLHUP 16
+#define RSK_POLLRDHUP 0x2000
 
 /* limits of the tunables (struct rsk_opts) */
 #define RSK_RING_MIN 4096

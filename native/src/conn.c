@@ -811,9 +811,11 @@ int rsk_poll(rsk_sock *s)
 			rev |= RSK_POLLOUT;
 		if (s->p.flags & F_DEAD)
 			rev |= RSK_POLLERR;
-		if ((s->p.flags & F_PEER_GONE) ||
+		if (s->p.flags & (F_PEER_GONE | F_DEAD) ||
 		    ((s->p.flags & F_PEER_FIN) && (s->p.flags & F_WR_SHUT)))
 			rev |= RSK_POLLHUP;
+		if (s->p.flags & (F_PEER_FIN | F_PEER_GONE | F_DEAD))
+			rev |= RSK_POLLRDHUP;
 	} else if (s->kind == K_LISTEN && eng_listen_waiting(s)) {
 		rev |= RSK_POLLIN;
 	}

@@ -413,8 +413,14 @@ static void t_eof_and_shutdown(void)
 
 	CHECK_EQ(make_pair(&o, &o, &a, &b), 0);
 	CHECK_EQ(rsk_send(b, "abc", 3, 0, -1), 3);
+	CHECK_EQ(rsk_wait(a, RSK_POLLIN, 2000) & RSK_POLLRDHUP, 0);
 	CHECK_EQ(rsk_shutdown(b, RSK_SHUT_WR), 0);
 	CHECK_EQ(rsk_send(b, "x", 1, 0, -1), -EPIPE);
+	/* the FIN polls as TCP's: POLLRDHUP with the data still unread, no
+	 * POLLHUP while our side still sends */
+	CHECK_EQ(rsk_poll(a) & (RSK_POLLIN | RSK_POLLRDHUP | RSK_POLLHUP),
+		 RSK_POLLIN | RSK_POLLRDHUP);
+	CHECK_EQ(rsk_poll(b) & (RSK_POLLRDHUP | RSK_POLLHUP), 0);
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 3);
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 0);
 	CHECK_EQ(rsk_recv(a, buf, sizeof(buf), 0, -1), 0);
@@ -546,6 +552,9 @@ static void t_abort(void)
 	CHECK_EQ(memcmp(buf, "last", 4), 0);
 	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 2000), -ECONNRESET);
 	CHECK(strstr(rsk_detail(b), "aborted"));
+	/* a reset polls as TCP's: error, hang-up, read side shut */
+	CHECK_EQ(rsk_poll(b) & (RSK_POLLERR | RSK_POLLHUP | RSK_POLLRDHUP),
+		 RSK_POLLERR | RSK_POLLHUP | RSK_POLLRDHUP);
 	CHECK_EQ(rsk_send(b, "x", 1, 0, 0), -EPIPE);
 	CHECK_EQ(rsk_recv(b, buf, sizeof(buf), 0, 0), 0);
 	rsk_free(a);
