@@ -904,7 +904,8 @@ static void cm_park(struct cm_listener *l, int fd, int short_of, int64_t now)
 }
 
 /* Is a thread of process pid running or runnable (or in an uninterruptible
- * wait: a page fault), as /proc shows it?  The calling thread does not
+ * wait: a page fault; or stopped by its tracer between system calls, as
+ * under strace: "t"), as /proc shows it?  The calling thread does not
  * count (a client in our own process).  0 if none is, or if the process
  * cannot be seen (another pid namespace: pid 0). */
 static int cm_proc_running(uint32_t pid)
@@ -942,7 +943,7 @@ static int cm_proc_running(uint32_t pid)
 		/* "tid (comm) S ...": comm may hold anything, ')' included */
 		state = strrchr(buf, ')');
 		if (state && state[1] == ' ' &&
-		    (state[2] == 'R' || state[2] == 'D'))
+		    (state[2] == 'R' || state[2] == 'D' || state[2] == 't'))
 			on = 1;
 	}
 	closedir(d);
