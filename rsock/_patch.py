@@ -1218,7 +1218,8 @@ def _fd_of(fileobj: Any) -> int:
 def _exact(fileobj: Any) -> None:
     """Something is about to poll ``fileobj`` (an fd, or an object with
     fileno() as the select module takes them): if it is an rsock
-    connection's lazy fileno(), it becomes exact first.  No other object's
+    connection's lazy fileno(), it becomes exact first (also one an event
+    loop or an epoll routes meanwhile).  No other object's
     fileno() is called (the poller calls it, once, as it always did), and
     nothing is raised (the poller's own call reports what is wrong)."""
     if type(fileobj) is int:
@@ -1442,25 +1443,50 @@ def _lazy_conn(fileobj: Any) -> tuple[int, _rs.socket] | None:
     return None
 
 
+_EPOLL_DEFAULT = select.EPOLLIN | select.EPOLLPRI | select.EPOLLOUT  # epoll.register's
+
+
 class _Epoll:
     """``select.epoll`` while patched (the stdlib's cannot be subclassed):
-    an epoll object told of what it registers first (see ``_exact``)."""
+    an epoll object told of what it registers first.
 
-    # poll, unregister and fileno are the stdlib object's own (bound): no
-    # call more per poll for a loop's selector or trio
-    __slots__ = ("_e", "poll", "unregister", "fileno")
+    An rsock connection whose fileno() is lazy (nothing keeps it exact) is
+    *routed* when registered (level-triggered, for its read and write
+    events): its notify and liveness fds go into the epoll instead of
+    fileno(), which stays lazy, and ``poll`` reports them as fileno()'s
+    events (what the engine says the connection is ready for, as a TCP
+    socket's epoll would).  Made exact instead, fileno() costs the engine's
+    watcher thread a wake-up per event and a dozen system calls per
+    connection to set up and tear down (the selectors documentation's echo
+    server accepted new connections at 0.69x TCP's rate that way).  Any
+    other flag (EPOLLET, EPOLLONESHOT, EPOLLEXCLUSIVE, EPOLLWAKEUP...), a
+    connection routed by another poller already, a listener or anything
+    else: fileno() exact (see ``_exact``) and the kernel's epoll as ever."""
+
+    # poll, unregister and fileno are the stdlib object's own (bound) while
+    # no connection is routed: no call more per poll for a loop's selector
+    # or trio
+    __slots__ = ("_e", "poll", "unregister", "fileno", "_routes", "_fds")
     poll: Callable[..., list[tuple[int, int]]]
     unregister: Callable[..., None]
     fileno: Callable[[], int]
+    _routes: dict[int, _EpollRoute]  # fileno() -> its route
+    _fds: dict[int, _EpollRoute]  # a route's notify or liveness fd -> the route
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         self._take(_epoll_std(*args, **kw))
 
     def _take(self, e: select.epoll) -> None:
         self._e = e
-        self.poll = e.poll
-        self.unregister = e.unregister
         self.fileno = e.fileno
+        self._routes = {}
+        self._fds = {}
+        self._plain()
+
+    def _plain(self) -> None:
+        """No connection routed: the stdlib object's own methods."""
+        self.poll = self._e.poll
+        self.unregister = self._e.unregister
 
     @classmethod
     def fromfd(cls, fd: Any, /) -> _Epoll:
@@ -1468,16 +1494,103 @@ class _Epoll:
         ep._take(_epoll_std.fromfd(fd))
         return ep
 
-    def register(self, *args: Any, **kw: Any) -> None:
-        _exact(args[0] if args else kw.get("fd"))
-        self._e.register(*args, **kw)
+    def register(self, fd: Any, eventmask: Any = _EPOLL_DEFAULT) -> None:
+        if self._routes:
+            n = _known_fd(fd)
+            route = self._routes.get(n) if n >= 0 else None
+            if route is not None and route.is_open():
+                self._e.fileno()  # (ValueError if closed, as the stdlib's)
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST))
+        conn = _lazy_conn(fd) if type(eventmask) is int and not eventmask & ~_EPOLL_ROUTED else None
+        if conn is not None and not conn[1]._core.loop_fd:
+            n, sock = conn
+            if not self._e.closed:
+                try:
+                    route = _EpollRoute(self, n, sock, eventmask)
+                except OSError:
+                    pass  # closed meanwhile, or not a connection: the kernel's way
+                else:
+                    self._routes[n] = route
+                    self.poll = self._poll_routed
+                    self.unregister = self._unregister_routed
+                    _note("epoll:fileno_watch")
+                    return
+        _exact(fd)
+        self._e.register(fd, eventmask)
 
-    def modify(self, *args: Any, **kw: Any) -> None:
-        _exact(args[0] if args else kw.get("fd"))
-        self._e.modify(*args, **kw)
+    def modify(self, fd: Any, eventmask: Any) -> None:
+        n = _known_fd(fd) if self._routes else -1
+        route = self._routes.get(n) if n >= 0 else None
+        if route is None or not route.is_open():
+            _exact(fd)
+            self._e.modify(fd, eventmask)
+            return
+        if type(eventmask) is not int or eventmask & ~_EPOLL_ROUTED:
+            # a flag a route does not keep: fileno() exact, in the kernel's epoll
+            route.end(now=True)
+            self._e.register(fd, eventmask)
+            return
+        route.set_mask(eventmask)
+
+    def _unregister_routed(self, fd: Any) -> None:
+        n = _known_fd(fd)
+        route = self._routes.get(n) if n >= 0 else None
+        if route is None:
+            self._e.unregister(fd)
+            return
+        if self._e.closed:
+            self._e.unregister(fd)  # (ValueError, as the stdlib's)
+        route.end()
+        if not self._routes:
+            self._plain()
+
+    def _poll_routed(self, timeout: Any = None, maxevents: Any = -1) -> list[tuple[int, int]]:
+        """The kernel's poll, the routes' fds reported as their fileno()'s
+        events (once per connection; none if the engine finds the
+        connection not ready for its mask after all: then the poll goes on
+        for what is left of ``timeout``, as the stdlib's would have)."""
+        end = -1.0
+        while True:
+            got: list[tuple[int, int]] = self._e.poll(timeout, maxevents)
+            fds = self._fds
+            out: list[tuple[int, int]] = []
+            done: list[_EpollRoute] = []
+            for ev in got:
+                route = fds.get(ev[0])
+                if route is None:
+                    out.append(ev)
+                elif route not in done:
+                    done.append(route)
+                    rev = route.fired(ev[0])
+                    if rev:
+                        out.append((route.fd, rev))
+            if out or not got:
+                return out
+            if not self._routes:
+                self._plain()
+            # only routes' fds, none ready after all (a race with a recv,
+            # or the peer's wake-up of a connection waiting for nothing)
+            if timeout is None or float(timeout) < 0:
+                continue
+            now = time.monotonic()
+            if end < 0:
+                end = now + float(timeout)  # (about: when the poll began)
+            if now >= end:
+                return out
+            timeout = end - now
 
     def close(self) -> None:
+        for route in list(self._routes.values()):
+            route.end()
+        self._plain()
         self._e.close()
+
+    def __del__(self) -> None:
+        # dropped unclosed: its routes end (the sockets' fileno() is theirs again)
+        routes = getattr(self, "_routes", None)
+        if routes:
+            for route in list(routes.values()):
+                route.end()
 
     @property
     def closed(self) -> bool:
@@ -1488,7 +1601,113 @@ class _Epoll:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._e.__exit__(*exc)
+        self.close()
+
+
+class _EpollRoute:
+    """One rsock connection's fileno() registered in one ``_Epoll``: the
+    connection's notify fd (readable while the connection is ready for the
+    registered events: the engine's interest) and liveness fd in the epoll,
+    level-triggered.  It holds the socket weakly (a socket dropped without
+    a close is closed by the GC, as the stdlib's); the socket's last close
+    ends it first (its fds leave the epoll before the engine closes them,
+    and fileno() leaves the epoll as a closed fd leaves the kernel's).  It
+    holds the stdlib epoll and its owner's tables, not the owner (an
+    ``_Epoll`` dropped unclosed ends its routes)."""
+
+    __slots__ = ("ep", "routes", "fds", "fd", "sock", "h", "nfd", "lfd", "mask", "ended")
+
+    def __init__(self, owner: _Epoll, fd: int, sock: _rs.socket, mask: int) -> None:
+        h = sock._h
+        if h is None:
+            raise _ll.oserror(-errno.EBADF)
+        sock._watch(_ll.WATCH_NOTIFY)
+        self.nfd, self.lfd = _ll.notify_fds(h)  # OSError: not a connection (yet)
+        self.ep = owner._e
+        self.routes = owner._routes
+        self.fds = owner._fds
+        self.fd = fd
+        self.h = h
+        self.sock = weakref.ref(sock)
+        self.mask = mask
+        self.ended = False
+        _ll.set_interest(h, _epoll_interest(mask))
+        self.ep.register(self.nfd, select.EPOLLIN)
+        self.fds[self.nfd] = self
+        if self.lfd >= 0:
+            self.ep.register(self.lfd, select.EPOLLIN)
+            self.fds[self.lfd] = self
+        sock._loop_watches_fd(True, closer=self.end)  # no watcher-thread wake-ups
+
+    def is_open(self) -> bool:
+        s = self.sock()
+        return s is not None and s._h is self.h
+
+    def set_mask(self, mask: int) -> None:
+        if mask != self.mask:
+            interest = _epoll_interest(mask)
+            if interest != _epoll_interest(self.mask):
+                _ll.set_interest(self.h, interest)
+            self.mask = mask
+
+    def fired(self, fd: int) -> int:
+        """One of the route's fds was reported: the connection's events for
+        its mask (epoll's bits; 0: none)."""
+        if not self.is_open():
+            self.end()
+            return 0
+        h = self.h
+        if fd == self.lfd and _ll.check_peer(h):
+            # the peer is gone (level-triggered: its fd is watched no more;
+            # the notify fd stays readable from now on)
+            self._drop(self.lfd)
+            self.lfd = -1
+        rev = _ll.poll(h)
+        if rev & _ll.POLLIN:
+            rev |= select.EPOLLRDNORM
+        if rev & _ll.POLLOUT:
+            rev |= select.EPOLLWRNORM
+        return rev & (self.mask | select.EPOLLERR | select.EPOLLHUP)
+
+    def _drop(self, fd: int) -> None:
+        if self.fds.get(fd) is self:
+            self.fds.pop(fd, None)  # (end() may run in another thread)
+            try:
+                self.ep.unregister(fd)
+            except (OSError, ValueError):  # closed already (the fd, or the epoll)
+                pass
+
+    def end(self, now: bool = False) -> None:
+        """The route's fds leave the epoll, fileno() with them (``now``:
+        fileno() exact at once, else when a poller asks).  Also run by the
+        socket's last close (then from any thread) and by the owner's close."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.routes.get(self.fd) is self:
+            self.routes.pop(self.fd, None)
+        self._drop(self.nfd)
+        self._drop(self.lfd)
+        sock = self.sock()
+        if sock is not None and sock._h is self.h:
+            _ll.set_interest(self.h, POLLIN)  # (as sock_sendall leaves it)
+            now = now or not _rs.lazy_fd or sock._core.polled_fd
+            sock._loop_watches_fd(False, now=now, closer=self.end)
+
+
+def _epoll_interest(mask: int) -> int:
+    """The engine's interest for an epoll event mask."""
+    return (POLLIN if mask & (select.EPOLLIN | select.EPOLLRDNORM) else 0) | (
+        POLLOUT if mask & (select.EPOLLOUT | select.EPOLLWRNORM) else 0
+    )
+
+
+# the flags of an epoll registration a route keeps (EPOLLPRI: rsock has no
+# urgent data, as a TCP connection nobody sends any on)
+_EPOLL_ROUTED = (
+    select.EPOLLIN | select.EPOLLOUT | select.EPOLLPRI | select.EPOLLRDNORM | select.EPOLLWRNORM
+    | select.EPOLLRDHUP | select.EPOLLERR | select.EPOLLHUP
+)  # fmt: skip
 
 
 def _poll() -> _Poll:
@@ -1632,12 +1851,13 @@ def _wrap_fd_method(name: str, writer: bool, add: bool) -> Callable[[Any], Calla
                     return original(self, fd, callback, *args)
                 if sock._fd_lazy():
                     # nothing keeps fileno() exact: the loop watches the
-                    # notify fd at once (no socketpair, no watcher thread)
-                    route = _new_route(self, key[1])
+                    # notify fd at once (no socketpair, no watcher thread),
+                    # unless another route has it (an epoll's: one interest)
+                    route = _new_route(self, key[1]) if not sock._core.loop_fd else None
                     if route is not None:
                         _route_handler(route, writer, self, callback, args)
                         return None
-                    sock._exact_fd()  # (not the running loop's thread)
+                    sock._exact_fd()  # (not the running loop's thread, or routed)
                 rec = _fd_native.get(key)
                 if rec is None or rec.sock() is not sock:
                     rec = _fd_native[key] = _Native(sock)

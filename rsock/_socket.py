@@ -820,10 +820,10 @@ class socket:
     def _exact_fd(self) -> None:
         """Something is about to poll fileno() (``lazy_fd``: rsock.patch()
         hears of select, poll, epoll and the loops' waits first): kept exact
-        from now on.  (While an event loop watches the connection through
-        its notify fd, as fileno() calls then leave it.)"""
+        from now on, also while an event loop or an epoll routes it (watches
+        its notify fd: fileno() calls leave it lazy meanwhile)."""
         core = self._core
-        if self._h is not None and not core.watch & _WATCH_FD and not core.loop_fd:
+        if self._h is not None and not core.watch & _WATCH_FD:
             core.polled_fd = True
             self._set_watch(_WATCH_FD, 0, unpolled=True)
 

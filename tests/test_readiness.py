@@ -474,7 +474,7 @@ def test_many_watched_sockets_read_and_write(sockmod: ModuleType, transport: str
             try:
                 with open(f"/proc/self/task/{task}/comm") as f:
                     n += f.read().strip() == "rsock-watch"
-            except FileNotFoundError:  # a thread that just ended
+            except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
                 pass
         return n
 
@@ -558,7 +558,7 @@ def _watcher_switches() -> int:
                     continue
             with open(f"/proc/self/task/{tid}/status") as f:
                 fields = dict(line.split(":\t", 1) for line in f if ":\t" in line)
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # (a thread that ended)
             continue
         return int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
     return 0

@@ -237,8 +237,10 @@ def test_a_connection_fileno_is_a_stand_in_until_polled(kind: str) -> None:
     """The fast path: no socketpair for a fileno() nobody polls, nor for
     one only checked without waiting (the engine answers a select or poll
     with timeout 0) or waited for alone by select or poll (the engine
-    waits); the first kernel poller that may wait (epoll, or a select or
-    poll over other fds too) makes it one, on the same number."""
+    waits) or registered in an epoll level-triggered (the epoll watches the
+    engine's notify fd); the first kernel poller that may wait on fileno()
+    itself (an edge-triggered epoll, or a select or poll over other fds
+    too) makes it one, on the same number."""
     client, server = connected_pair()
     try:
         fd = server.fileno()
@@ -251,6 +253,10 @@ def test_a_connection_fileno_is_a_stand_in_until_polled(kind: str) -> None:
         assert not is_socketpair_end(fd)
         with select.epoll() as ep:
             ep.register(server, select.EPOLLIN)
+            assert ep.poll(0.01) == []
+        assert not is_socketpair_end(fd)
+        with select.epoll() as ep:
+            ep.register(server, select.EPOLLIN | select.EPOLLET)
             assert ep.poll(0.01) == []
         assert server.fileno() == fd
         assert is_socketpair_end(fd)
@@ -473,7 +479,7 @@ def _watcher_switches() -> int:
         try:
             with open(f"/proc/self/task/{tid}/status") as f:
                 d = dict(ln.split(":\t", 1) for ln in f.read().splitlines() if ":\t" in ln)
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue  # (a thread that ended meanwhile)
         if d["Name"].strip() == "rsock-watch":
             n += int(d["voluntary_ctxt_switches"]) + int(d["nonvoluntary_ctxt_switches"])
@@ -630,6 +636,317 @@ def test_a_lone_connection_waited_for(kind: str, waiter: str) -> None:
         if kind == "rsock":
             assert not is_socketpair_end(fd)
             assert woke <= 5, f"the watcher thread woke {woke} times in 30 waits"
+    finally:
+        client.close()
+        server.close()
+
+
+# --------------------------------------------------------------------------- epoll routes
+
+
+def route_count(kind: str) -> int:
+    """The epoll routes made so far (0 over TCP)."""
+    return _patch.counters().get("epoll:fileno_watch", 0) if kind == "rsock" else 0
+
+
+def poll_until(ep: Any, want: list[tuple[int, int]], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = ep.poll(0)
+        if got == want:
+            return
+        assert time.monotonic() < deadline, got
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_epoll_level_triggered_reports_what_the_stdlib_does(kind: str) -> None:
+    """A connection in an epoll, level-triggered (the selectors module's
+    way): its fileno() is reported with the events it is ready for among
+    those registered, as long as it is (level), in poll's order of
+    arguments (timeout, maxevents), and an idle one times out.  Under the
+    patch the epoll watches the engine's notify and liveness fds instead
+    (a route): fileno() stays lazy, the watcher thread never wakes."""
+    client, server = connected_pair()
+    made = route_count(kind)
+    try:
+        fd = server.fileno()
+        before = _watcher_switches()
+        with select.epoll() as ep:
+            ep.register(fd, select.EPOLLIN)
+            assert ep.poll(0) == []
+            start = time.monotonic()
+            assert ep.poll(0.1) == []
+            assert 0.09 <= time.monotonic() - start < 2
+            for i in range(30):
+                sender = send_later(client, b"%03d" % i, delay=0.002)
+                assert ep.poll(10) == [(fd, select.EPOLLIN)]
+                assert ep.poll(0) == [(fd, select.EPOLLIN)]  # level: still there
+                sender.join()
+                assert server.recv(16) == b"%03d" % i
+                assert ep.poll(0) == []
+            ep.modify(fd, select.EPOLLIN | select.EPOLLOUT)
+            assert ep.poll(timeout=0, maxevents=1) == [(fd, select.EPOLLOUT)]
+            ep.modify(fd, select.EPOLLIN | select.EPOLLRDNORM)
+            client.sendall(b"x")
+            poll_until(ep, [(fd, select.EPOLLIN | select.EPOLLRDNORM)])
+            assert server.recv(1) == b"x"
+            ep.modify(fd, 0)
+            client.sendall(b"y")
+            time.sleep(0.05)
+            assert ep.poll(0) == []
+            ep.modify(fd, select.EPOLLIN)
+            poll_until(ep, [(fd, select.EPOLLIN)])
+            assert server.recv(1) == b"y"
+            ep.unregister(fd)
+            client.sendall(b"z")
+            time.sleep(0.05)
+            assert ep.poll(0) == []
+        assert server.recv(1) == b"z"
+        if kind == "rsock":
+            assert route_count(kind) == made + 1
+            assert not is_socketpair_end(fd)
+            woke = _watcher_switches() - before
+            assert woke <= 5, f"the watcher thread woke {woke} times in 30 waits"
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_epoll_sees_eof_and_reset(kind: str) -> None:
+    """The peer's close polls readable (EOF), and a reset (SO_LINGER 0)
+    readable with an error and a hang-up, as a TCP socket's epoll shows."""
+    import struct
+
+    client, server = connected_pair()
+    client2, server2 = connected_pair()
+    try:
+        with select.epoll() as ep:
+            ep.register(server, select.EPOLLIN)
+            ep.register(server2.fileno(), select.EPOLLIN)
+            client.close()
+            poll_until(ep, [(server.fileno(), select.EPOLLIN)])
+            assert server.recv(1) == b""
+            ep.unregister(server)
+            client2.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client2.close()
+            want = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+            poll_until(ep, [(server2.fileno(), want)])
+            ep.modify(server2, select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP)
+            want |= select.EPOLLOUT | select.EPOLLRDHUP
+            assert ep.poll(0) == [(server2.fileno(), want)]
+            with pytest.raises(ConnectionResetError):
+                server2.recv(1)
+    finally:
+        for s in (client, server, client2, server2):
+            s.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_epoll_registration_errors_and_close(kind: str) -> None:
+    """What the stdlib's epoll raises: registering an fd twice, modifying or
+    unregistering one that is not registered (FileNotFoundError), anything
+    on a closed epoll (ValueError).  A socket closed while registered
+    leaves the epoll (its fd is gone: unregister raises OSError), and its
+    number may be registered again by the next socket."""
+    client, server = connected_pair()
+    try:
+        fd = server.fileno()
+        ep = select.epoll()
+        ep.register(fd, select.EPOLLIN)
+        with pytest.raises(FileExistsError):
+            ep.register(fd, select.EPOLLIN)
+        with pytest.raises(FileExistsError):
+            ep.register(server)
+        ep.unregister(server)
+        with pytest.raises(FileNotFoundError):
+            ep.unregister(fd)
+        with pytest.raises(FileNotFoundError):
+            ep.modify(fd, select.EPOLLIN)
+        ep.register(fd)  # (the default mask: in, pri, out)
+        assert ep.poll(0) == [(fd, select.EPOLLOUT)]
+        client.sendall(b"a")
+        poll_until(ep, [(fd, select.EPOLLIN | select.EPOLLOUT)])
+        server.close()
+        assert ep.poll(0) == []
+        with pytest.raises(OSError):
+            ep.unregister(fd)
+        client.close()
+        client, server = connected_pair()
+        ep.register(server, select.EPOLLIN)  # (maybe fd's number again)
+        client.sendall(b"b")
+        poll_until(ep, [(server.fileno(), select.EPOLLIN)])
+        ep.close()
+        assert ep.closed
+        with pytest.raises(ValueError):
+            ep.poll(0)
+        with pytest.raises(ValueError):
+            ep.register(server)
+        with pytest.raises(ValueError):
+            ep.unregister(server)
+        assert wait_select(server, 10)  # (the socket's own readiness, after the epoll)
+        assert server.recv(1) == b"b"
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("flag", ["EPOLLET", "EPOLLONESHOT"])
+def test_epoll_flags_a_route_does_not_keep(kind: str, flag: str) -> None:
+    """Edge-triggered and one-shot registrations poll fileno() itself (made
+    exact under the patch), with the kernel's semantics: an edge is
+    reported once per arrival, a one-shot once until modified."""
+    bit = getattr(select, flag)
+    client, server = connected_pair()
+    try:
+        fd = server.fileno()
+        with select.epoll() as ep:
+            ep.register(fd, select.EPOLLIN | bit)
+            client.sendall(b"1")
+            assert ep.poll(10) == [(fd, select.EPOLLIN)]
+            assert ep.poll(0.05) == []  # once
+            if flag == "EPOLLONESHOT":
+                ep.modify(fd, select.EPOLLIN | bit)
+                assert ep.poll(10) == [(fd, select.EPOLLIN)]
+            assert server.recv(1) == b"1"
+            client.close()
+            if flag == "EPOLLONESHOT":
+                ep.modify(fd, select.EPOLLIN | bit)
+            assert ep.poll(10) == [(fd, select.EPOLLIN)]
+        if kind == "rsock":
+            assert is_socketpair_end(fd)
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("poller", ["epoll", "poll"])
+def test_rdhup_once_the_peer_shut_its_side(kind: str, poller: str) -> None:
+    """EPOLLRDHUP (POLLRDHUP for poll) comes with the peer's FIN, also while
+    its data is still unread, and not before; a route keeps it (fileno()
+    stays lazy under the patch)."""
+    client, server = connected_pair()
+    try:
+        fd = server.fileno()
+        if poller == "epoll":
+            p: Any = select.epoll()
+            rdhup = select.EPOLLRDHUP
+            p.register(fd, select.EPOLLIN | select.EPOLLOUT | rdhup)
+        else:
+            p = select.poll()
+            rdhup = select.POLLRDHUP
+            p.register(fd, select.POLLIN | select.POLLOUT | rdhup)
+        out, inp = select.POLLOUT, select.POLLIN  # (the same bits as epoll's)
+        assert p.poll(0) == [(fd, out)]
+        client.sendall(b"last")
+        poll_until(p, [(fd, inp | out)])
+        client.shutdown(socket.SHUT_WR)
+        poll_until(p, [(fd, inp | out | rdhup)])
+        assert server.recv(16) == b"last"
+        assert server.recv(16) == b""
+        assert p.poll(0) == [(fd, inp | out | rdhup)]
+        server.sendall(b"still")  # (the other way stays open)
+        assert client.recv(16) == b"still"
+        if poller == "epoll":
+            p.close()
+        if kind == "rsock":
+            assert not is_socketpair_end(fd)
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_epoll_modify_to_edge_triggered(kind: str) -> None:
+    """A level-triggered registration modified to edge-triggered (under the
+    patch: the route ends, fileno() is made exact and takes its place).
+    (Data that comes while earlier data is unread makes no new edge on
+    rsock: see the README's differences.)"""
+    client, server = connected_pair()
+    try:
+        fd = server.fileno()
+        with select.epoll() as ep:
+            ep.register(fd, select.EPOLLIN)
+            client.sendall(b"1")
+            assert ep.poll(10) == [(fd, select.EPOLLIN)]
+            ep.modify(fd, select.EPOLLIN | select.EPOLLET)
+            assert ep.poll(10) == [(fd, select.EPOLLIN)]
+            assert ep.poll(0.05) == []
+            assert server.recv(16) == b"1"
+            client.sendall(b"2")
+            assert ep.poll(10) == [(fd, select.EPOLLIN)]
+            ep.unregister(fd)
+            with pytest.raises(FileNotFoundError):
+                ep.unregister(fd)
+        assert server.recv(16) == b"2"
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_two_epolls_and_many_connections(kind: str) -> None:
+    """Two epolls hold the same connection (under the patch the second
+    polls fileno() made exact, the first keeps its route); maxevents
+    bounds what one poll reports, the rest comes with the next."""
+    pairs = [connected_pair() for _ in range(4)]
+    try:
+        ep1, ep2 = select.epoll(), select.epoll()
+        with ep1, ep2:
+            for _, s in pairs:
+                ep1.register(s, select.EPOLLIN)
+            ep2.register(pairs[0][1], select.EPOLLIN)
+            for c, _ in pairs:
+                c.sendall(b"m")
+            fds = sorted(s.fileno() for _, s in pairs)
+            deadline = time.monotonic() + 10
+            while len(ep1.poll(0)) < 4:
+                assert time.monotonic() < deadline
+            assert sorted(ep1.poll(0)) == [(f, select.EPOLLIN) for f in fds]
+            first = ep1.poll(0, 3)
+            assert len(first) == 3
+            assert ep2.poll(10) == [(pairs[0][1].fileno(), select.EPOLLIN)]
+            for _, s in pairs:
+                assert s.recv(1) == b"m"
+            assert ep1.poll(0) == [] and ep2.poll(0) == []
+            pairs[0][0].sendall(b"n")
+            assert ep2.poll(10) == [(pairs[0][1].fileno(), select.EPOLLIN)]
+            assert ep1.poll(10) == [(pairs[0][1].fileno(), select.EPOLLIN)]
+    finally:
+        for c, s in pairs:
+            c.close()
+            s.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", ["rsock"], indirect=True)
+def test_an_epoll_dropped_unclosed_lets_its_connections_go(kind: str) -> None:
+    """An epoll object the program drops without closing it: its routes end
+    (the connection is lazy again, and a select waits on it as ever)."""
+    import gc
+
+    client, server = connected_pair()
+    try:
+        ep = select.epoll()
+        ep.register(server, select.EPOLLIN)
+        assert server._core.loop_fd == 1
+        del ep
+        gc.collect()
+        assert server._core.loop_fd == 0
+        assert not is_socketpair_end(server.fileno())
+        sender = send_later(client, b"q")
+        assert wait_epoll(server, 10)
+        sender.join()
+        assert server.recv(1) == b"q"
     finally:
         client.close()
         server.close()
