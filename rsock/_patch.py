@@ -1548,22 +1548,21 @@ class _Epoll:
         """The kernel's poll, the routes' fds reported as their fileno()'s
         events (once per connection; none if the engine finds the
         connection not ready for its mask after all: then the poll goes on
-        for what is left of ``timeout``, as the stdlib's would have)."""
+        for what is left of ``timeout``, as the stdlib's would have).  A
+        poll that may wait while a connection was active within
+        ``RSOCK_LOOP_POLL_US`` busy-polls first (see ``_spin``)."""
         end = -1.0
+        if timeout is None or (type(timeout) in (int, float) and timeout != 0):
+            start = time.monotonic()
+            spun = self._spin(timeout, maxevents)
+            if spun is not None:
+                return spun
+            if timeout is not None and timeout > 0:
+                end = start + timeout
+                timeout = max(0.0, end - time.monotonic())
         while True:
             got: list[tuple[int, int]] = self._e.poll(timeout, maxevents)
-            fds = self._fds
-            out: list[tuple[int, int]] = []
-            done: list[_EpollRoute] = []
-            for ev in got:
-                route = fds.get(ev[0])
-                if route is None:
-                    out.append(ev)
-                elif route not in done:
-                    done.append(route)
-                    rev = route.fired(ev[0])
-                    if rev:
-                        out.append((route.fd, rev))
+            out = self._translate(got)
             if out or not got:
                 return out
             if not self._routes:
@@ -1578,6 +1577,65 @@ class _Epoll:
             if now >= end:
                 return out
             timeout = end - now
+
+    def _translate(self, got: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The kernel's events, a route's fds as its fileno()'s events."""
+        fds = self._fds
+        if not fds:
+            return got
+        out: list[tuple[int, int]] = []
+        done: list[_EpollRoute] = []
+        for ev in got:
+            route = fds.get(ev[0])
+            if route is None:
+                out.append(ev)
+            elif route not in done:
+                done.append(route)
+                rev = route.fired(ev[0])
+                if rev:
+                    out.append((route.fd, rev))
+        return out
+
+    def _spin(self, timeout: float | None, maxevents: Any) -> list[tuple[int, int]] | None:
+        """Before a poll that may wait (``timeout`` None, negative or > 0
+        seconds): while a routed connection was active within
+        ``RSOCK_LOOP_POLL_US``, busy-poll those rings (the GIL released,
+        ``_EPOLL_SLICE_US`` at a time) and the epoll without waiting in
+        between (its other fds), as rsock.asyncio's poller does for a
+        loop: a server's next event (the request after a reply, the
+        client's close) is then taken without the thread going to sleep
+        and being woken.  The events, or None: nothing came (wait on)."""
+        budget = _loop_poll_us() * 1000
+        if not budget:
+            return None
+        now = time.monotonic_ns()
+        hot = [r for r in list(self._routes.values()) if now - r.last < budget and r.interest]
+        if not hot:
+            return None
+        end = max(r.last for r in hot) + budget
+        if timeout is not None and timeout >= 0:
+            end = min(end, now + int(timeout * 1e9))
+        spin = _ll.SpinSet([r.h for r in hot]).spin
+        poll = self._e.poll
+        while True:
+            try:
+                ready = spin(_EPOLL_SLICE_US)
+            except OSError:
+                return None
+            got = poll(0, maxevents)
+            if ready or got:
+                out = self._translate(got)
+                for i in ready:
+                    route = hot[i]
+                    if not any(e[0] == route.fd for e in out):
+                        rev = route.fired(-1)
+                        if rev:
+                            out.append((route.fd, rev))
+                if out:
+                    # (level-triggered: what is cut off comes with the next)
+                    return out[:maxevents] if type(maxevents) is int and maxevents > 0 else out
+            if time.monotonic_ns() >= end:
+                return None
 
     def close(self) -> None:
         for route in list(self._routes.values()):
@@ -1615,7 +1673,9 @@ class _EpollRoute:
     holds the stdlib epoll and its owner's tables, not the owner (an
     ``_Epoll`` dropped unclosed ends its routes)."""
 
-    __slots__ = ("ep", "routes", "fds", "fd", "sock", "h", "nfd", "lfd", "mask", "ended")
+    __slots__ = (
+        "ep", "routes", "fds", "fd", "sock", "h", "nfd", "lfd", "mask", "interest", "ended", "last",
+    )  # fmt: skip
 
     def __init__(self, owner: _Epoll, fd: int, sock: _rs.socket, mask: int) -> None:
         h = sock._h
@@ -1630,8 +1690,10 @@ class _EpollRoute:
         self.h = h
         self.sock = weakref.ref(sock)
         self.mask = mask
+        self.interest = _epoll_interest(mask)
         self.ended = False
-        _ll.set_interest(h, _epoll_interest(mask))
+        self.last = time.monotonic_ns()  # last had events (_Epoll._spin's tempo)
+        _ll.set_interest(h, self.interest)
         self.ep.register(self.nfd, select.EPOLLIN)
         self.fds[self.nfd] = self
         if self.lfd >= 0:
@@ -1646,13 +1708,15 @@ class _EpollRoute:
     def set_mask(self, mask: int) -> None:
         if mask != self.mask:
             interest = _epoll_interest(mask)
-            if interest != _epoll_interest(self.mask):
+            if interest != self.interest:
                 _ll.set_interest(self.h, interest)
+                self.interest = interest
             self.mask = mask
 
     def fired(self, fd: int) -> int:
-        """One of the route's fds was reported: the connection's events for
-        its mask (epoll's bits; 0: none)."""
+        """One of the route's fds was reported (-1: the busy-poll found the
+        connection ready): the connection's events for its mask (epoll's
+        bits; 0: none)."""
         if not self.is_open():
             self.end()
             return 0
@@ -1667,7 +1731,10 @@ class _EpollRoute:
             rev |= select.EPOLLRDNORM
         if rev & _ll.POLLOUT:
             rev |= select.EPOLLWRNORM
-        return rev & (self.mask | select.EPOLLERR | select.EPOLLHUP)
+        rev &= self.mask | select.EPOLLERR | select.EPOLLHUP
+        if rev:
+            self.last = time.monotonic_ns()
+        return rev
 
     def _drop(self, fd: int) -> None:
         if self.fds.get(fd) is self:
@@ -1702,6 +1769,9 @@ def _epoll_interest(mask: int) -> int:
     )
 
 
+# longest busy-poll of an _Epoll's rings between two looks at its other fds
+# (a listener's new connection waits no longer than that to be seen)
+_EPOLL_SLICE_US = 10
 # the flags of an epoll registration a route keeps (EPOLLPRI: rsock has no
 # urgent data, as a TCP connection nobody sends any on)
 _EPOLL_ROUTED = (

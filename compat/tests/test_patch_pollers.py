@@ -950,3 +950,63 @@ def test_an_epoll_dropped_unclosed_lets_its_connections_go(kind: str) -> None:
     finally:
         client.close()
         server.close()
+
+
+def _thread_sleeps() -> int:
+    """Voluntary context switches of the calling thread so far."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+        fields = dict(ln.split(":\t", 1) for ln in f.read().splitlines() if ":\t" in ln)
+    return int(fields["voluntary_ctxt_switches"])
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("budget_us", [0, 200_000])
+def test_epoll_busy_polls_a_busy_connection(
+    kind: str, budget_us: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's epoll over a connection whose client sends its next
+    request 1 ms after each reply: the requests and replies are the
+    stdlib's.  Under the patch, with ``RSOCK_LOOP_POLL_US`` longer than
+    that gap the poll busy-polls the ring through it instead of putting
+    the thread to sleep (it never sleeps); with 0 it sleeps for each."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", str(budget_us))
+    n = 100
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        patch = "import rsock; rsock.patch()" if kind == "rsock" else ""
+        code = (
+            f"import socket, time\n{patch}\n"
+            f"c = socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}))\n"
+            f"for i in range({n}):\n"
+            "    time.sleep(0.001)\n"
+            "    c.sendall(b'%03d' % i)\n"
+            "    assert c.recv(3) == b'r%02d' % (i % 100)\n"
+        )
+        peer = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            server, _ = listener.accept()
+            with server, select.epoll() as ep:
+                server.setblocking(False)
+                ep.register(server, select.EPOLLIN)
+                sleeps = -1
+                for i in range(n):
+                    assert ep.poll(10) == [(server.fileno(), select.EPOLLIN)]
+                    if i == 0:
+                        sleeps = _thread_sleeps()
+                    assert server.recv(3) == b"%03d" % i
+                    server.sendall(b"r%02d" % (i % 100))
+                sleeps = _thread_sleeps() - sleeps
+                assert peer.wait(30) == 0
+        finally:
+            peer.kill()
+            peer.wait()
+    if kind == "rsock":
+        if budget_us:
+            assert sleeps <= n // 10, f"slept {sleeps} times in {n} polls"
+        else:
+            assert sleeps >= n // 2, f"slept only {sleeps} times in {n} polls"
