@@ -1662,7 +1662,21 @@ class _Epoll:
         self.close()
 
 
-class _EpollRoute:
+class _ConnRoute:
+    """What the routes of a connection's fileno() (an epoll's, trio's) share:
+    the connection, weakly, and its handle when the route began."""
+
+    __slots__ = ()
+    sock: weakref.ref[_rs.socket]
+    h: _ll.Handle
+
+    def is_open(self) -> bool:
+        """Is the route's connection still open (and the same)?"""
+        s = self.sock()
+        return s is not None and s._h is self.h
+
+
+class _EpollRoute(_ConnRoute):
     """One rsock connection's fileno() registered in one ``_Epoll``: the
     connection's notify fd (readable while the connection is ready for the
     registered events: the engine's interest) and liveness fd in the epoll,
@@ -1700,10 +1714,6 @@ class _EpollRoute:
             self.ep.register(self.lfd, select.EPOLLIN)
             self.fds[self.lfd] = self
         sock._loop_watches_fd(True, closer=self.end)  # no watcher-thread wake-ups
-
-    def is_open(self) -> bool:
-        s = self.sock()
-        return s is not None and s._h is self.h
 
     def set_mask(self, mask: int) -> None:
         if mask != self.mask:
@@ -2130,7 +2140,7 @@ class _TrioLoop:
                 return events or None
 
 
-class _TrioRoute:
+class _TrioRoute(_ConnRoute):
     """One rsock connection's fileno() in one trio run's IO manager: the
     connection's notify fd (readable while the connection is ready for
     what trio's tasks wait for: the engine's interest) and liveness fd in
@@ -2161,10 +2171,6 @@ class _TrioRoute:
         self.live = False  # lfd in the epoll
         self.last = time.monotonic_ns()  # last woke a task (the poller's tempo)
         sock._loop_watches_fd(True, closer=self.end)  # no watcher-thread wake-ups
-
-    def is_open(self) -> bool:
-        s = self.sock()
-        return s is not None and s._h is self.h
 
     def _interest(self, interest: int) -> None:
         if interest != self.interest:

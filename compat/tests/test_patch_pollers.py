@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _socket
 import asyncio
+import contextlib
 import errno
 import os
 import select
@@ -54,6 +55,17 @@ def connected_pair() -> tuple[socket.socket, socket.socket]:
         server, _ = listener.accept()
     server.settimeout(10)
     return client, server
+
+
+@contextlib.contextmanager
+def open_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """``connected_pair()``, both ends closed after."""
+    client, server = connected_pair()
+    try:
+        yield client, server
+    finally:
+        client.close()
+        server.close()
 
 
 def is_socketpair_end(fd: int) -> bool:
@@ -667,9 +679,8 @@ def test_epoll_level_triggered_reports_what_the_stdlib_does(kind: str) -> None:
     arguments (timeout, maxevents), and an idle one times out.  Under the
     patch the epoll watches the engine's notify and liveness fds instead
     (a route): fileno() stays lazy, the watcher thread never wakes."""
-    client, server = connected_pair()
     made = route_count(kind)
-    try:
+    with open_pair() as (client, server):
         fd = server.fileno()
         before = _watcher_switches()
         with select.epoll() as ep:
@@ -708,9 +719,6 @@ def test_epoll_level_triggered_reports_what_the_stdlib_does(kind: str) -> None:
             assert not is_socketpair_end(fd)
             woke = _watcher_switches() - before
             assert woke <= 5, f"the watcher thread woke {woke} times in 30 waits"
-    finally:
-        client.close()
-        server.close()
 
 
 @pytest.mark.timeout_s(60)
@@ -802,8 +810,7 @@ def test_epoll_flags_a_route_does_not_keep(kind: str, flag: str) -> None:
     exact under the patch), with the kernel's semantics: an edge is
     reported once per arrival, a one-shot once until modified."""
     bit = getattr(select, flag)
-    client, server = connected_pair()
-    try:
+    with open_pair() as (client, server):
         fd = server.fileno()
         with select.epoll() as ep:
             ep.register(fd, select.EPOLLIN | bit)
@@ -820,9 +827,6 @@ def test_epoll_flags_a_route_does_not_keep(kind: str, flag: str) -> None:
             assert ep.poll(10) == [(fd, select.EPOLLIN)]
         if kind == "rsock":
             assert is_socketpair_end(fd)
-    finally:
-        client.close()
-        server.close()
 
 
 @pytest.mark.timeout_s(60)
@@ -832,8 +836,7 @@ def test_rdhup_once_the_peer_shut_its_side(kind: str, poller: str) -> None:
     """EPOLLRDHUP (POLLRDHUP for poll) comes with the peer's FIN, also while
     its data is still unread, and not before; a route keeps it (fileno()
     stays lazy under the patch)."""
-    client, server = connected_pair()
-    try:
+    with open_pair() as (client, server):
         fd = server.fileno()
         if poller == "epoll":
             p: Any = select.epoll()
@@ -858,9 +861,6 @@ def test_rdhup_once_the_peer_shut_its_side(kind: str, poller: str) -> None:
             p.close()
         if kind == "rsock":
             assert not is_socketpair_end(fd)
-    finally:
-        client.close()
-        server.close()
 
 
 @pytest.mark.timeout_s(60)
@@ -870,8 +870,7 @@ def test_epoll_modify_to_edge_triggered(kind: str) -> None:
     patch: the route ends, fileno() is made exact and takes its place).
     (Data that comes while earlier data is unread makes no new edge on
     rsock: see the README's differences.)"""
-    client, server = connected_pair()
-    try:
+    with open_pair() as (client, server):
         fd = server.fileno()
         with select.epoll() as ep:
             ep.register(fd, select.EPOLLIN)
@@ -887,9 +886,6 @@ def test_epoll_modify_to_edge_triggered(kind: str) -> None:
             with pytest.raises(FileNotFoundError):
                 ep.unregister(fd)
         assert server.recv(16) == b"2"
-    finally:
-        client.close()
-        server.close()
 
 
 @pytest.mark.timeout_s(60)
