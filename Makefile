@@ -78,7 +78,7 @@ lint: venv
 BELL_TESTS = tests/test_asyncio.py tests/test_socket_behaviour.py tests/test_readiness.py \
 	tests/test_robust_hostile.py tests/test_robust_close.py tests/test_robust_threads.py \
 	tests/test_robust_scale.py tests/test_fork.py tests/test_multiprocess.py \
-	compat/tests/test_patch_asyncio.py
+	compat/tests/test_patch_asyncio.py compat/tests/test_patch_pollers.py
 
 test: venv
 	$(MAKE) check-native

@@ -1452,41 +1452,80 @@ class _Epoll:
 
     An rsock connection whose fileno() is lazy (nothing keeps it exact) is
     *routed* when registered (level-triggered, for its read and write
-    events): its notify and liveness fds go into the epoll instead of
-    fileno(), which stays lazy, and ``poll`` reports them as fileno()'s
-    events (what the engine says the connection is ready for, as a TCP
-    socket's epoll would).  Made exact instead, fileno() costs the engine's
-    watcher thread a wake-up per event and a dozen system calls per
-    connection to set up and tear down (the selectors documentation's echo
-    server accepted new connections at 0.69x TCP's rate that way).  Any
+    events): ``poll`` reports fileno() with the events the engine says the
+    connection is ready for (as a TCP socket's epoll would), fileno()
+    stays lazy.  The engine answers for a new route until a poll must
+    wait; then (or at once if a thread waits in the poll, or if someone
+    asked for the epoll's fileno() and may poll it) the connection's
+    notify and liveness fds go into the epoll in its place: a connection
+    whose request is there at the first poll and that closes within the
+    busy-poll (a new connection per request) never costs an epoll_ctl.
+    Made exact instead, fileno() costs the engine's watcher thread a
+    wake-up per event and a dozen system calls per connection to set up
+    and tear down (the selectors documentation's echo server accepted new
+    connections at 0.69x TCP's rate that way; 0.8x routed).  Any
     other flag (EPOLLET, EPOLLONESHOT, EPOLLEXCLUSIVE, EPOLLWAKEUP...), a
     connection routed by another poller already, a listener or anything
     else: fileno() exact (see ``_exact``) and the kernel's epoll as ever."""
 
-    # poll, unregister and fileno are the stdlib object's own (bound) while
-    # no connection is routed: no call more per poll for a loop's selector
-    # or trio
-    __slots__ = ("_e", "poll", "unregister", "fileno", "_routes", "_fds")
+    # unregister and fileno are the stdlib object's own (bound) while no
+    # connection is routed (fileno() once asked for), and poll nearly
+    # (_poll_plain): little more per poll for a loop's selector or trio
+    __slots__ = (
+        "_e", "poll", "unregister", "fileno", "_routes", "_fds", "_unarmed", "_waiting", "_exposed",
+    )  # fmt: skip
     poll: Callable[..., list[tuple[int, int]]]
     unregister: Callable[..., None]
     fileno: Callable[[], int]
     _routes: dict[int, _EpollRoute]  # fileno() -> its route
     _fds: dict[int, _EpollRoute]  # a route's notify or liveness fd -> the route
+    # routes whose fds are not in the epoll yet: a new connection is put in
+    # at the first poll that must wait for it (the engine answers before:
+    # a new connection's first request is usually there by then, and a
+    # short one may never need its fds in the epoll at all)
+    _unarmed: list[_EpollRoute]
+    # the threads in the kernel's poll (a route registered meanwhile goes in at once)
+    _waiting: set[int]
+    _exposed: bool  # fileno() was asked for: another poller may wait on it (routes go in at once)
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         self._take(_epoll_std(*args, **kw))
 
     def _take(self, e: select.epoll) -> None:
         self._e = e
-        self.fileno = e.fileno
+        self.fileno = self._fileno_exposed
         self._routes = {}
         self._fds = {}
+        self._unarmed = []
+        self._waiting = set()
+        self._exposed = False
         self._plain()
 
+    def _fileno_exposed(self) -> int:
+        """``fileno()``: whoever asks may poll the epoll's fd itself, so
+        every route's fds are in it from now on."""
+        self._exposed = True
+        self.fileno = self._e.fileno
+        self._arm_all()
+        return self._e.fileno()
+
     def _plain(self) -> None:
-        """No connection routed: the stdlib object's own methods."""
-        self.poll = self._e.poll
+        """No connection routed: the stdlib object's own methods (poll
+        nearly: see ``_poll_plain``)."""
+        self.poll = self._poll_plain
         self.unregister = self._e.unregister
+
+    def _poll_plain(self, timeout: Any = None, maxevents: Any = -1) -> list[tuple[int, int]]:
+        """The kernel's poll, noted as waiting: a connection another thread
+        registers meanwhile goes into the epoll at once, and its events
+        come out as its fileno()'s."""
+        me = threading.get_ident()
+        self._waiting.add(me)
+        try:
+            got: list[tuple[int, int]] = self._e.poll(timeout, maxevents)
+        finally:
+            self._waiting.discard(me)
+        return self._translate(got) if self._fds else got
 
     @classmethod
     def fromfd(cls, fd: Any, /) -> _Epoll:
@@ -1514,6 +1553,9 @@ class _Epoll:
                     self.poll = self._poll_routed
                     self.unregister = self._unregister_routed
                     _note("epoll:fileno_watch")
+                    self._unarmed.append(route)
+                    if self._waiting or self._exposed:
+                        route.arm()  # (a poll waits in the kernel now)
                     return
         _exact(fd)
         self._e.register(fd, eventmask)
@@ -1552,6 +1594,11 @@ class _Epoll:
         poll that may wait while a connection was active within
         ``RSOCK_LOOP_POLL_US`` busy-polls first (see ``_spin``)."""
         end = -1.0
+        if self._unarmed:
+            ready = self._unarmed_ready()
+            if ready:
+                evs = self._translate(self._e.poll(0, maxevents)) + ready
+                return evs[:maxevents] if type(maxevents) is int and maxevents > 0 else evs
         if timeout is None or (type(timeout) in (int, float) and timeout != 0):
             start = time.monotonic()
             spun = self._spin(timeout, maxevents)
@@ -1560,8 +1607,15 @@ class _Epoll:
             if timeout is not None and timeout > 0:
                 end = start + timeout
                 timeout = max(0.0, end - time.monotonic())
+        me = threading.get_ident()
         while True:
-            got: list[tuple[int, int]] = self._e.poll(timeout, maxevents)
+            self._waiting.add(me)
+            try:
+                if self._unarmed and timeout != 0:
+                    self._arm_all()  # (after _waiting: a route registered now goes in itself)
+                got: list[tuple[int, int]] = self._e.poll(timeout, maxevents)
+            finally:
+                self._waiting.discard(me)
             out = self._translate(got)
             if out or not got:
                 return out
@@ -1577,6 +1631,20 @@ class _Epoll:
             if now >= end:
                 return out
             timeout = end - now
+
+    def _unarmed_ready(self) -> list[tuple[int, int]]:
+        """The events of the routes not in the epoll yet (the engine's answer)."""
+        out = []
+        for route in list(self._unarmed):
+            rev = route.fired(-1)
+            if rev:
+                out.append((route.fd, rev))
+        return out
+
+    def _arm_all(self) -> None:
+        """Every route's fds into the epoll (a poll is about to wait)."""
+        while self._unarmed:
+            self._unarmed.pop().arm()
 
     def _translate(self, got: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The kernel's events, a route's fds as its fileno()'s events."""
@@ -1688,32 +1756,55 @@ class _EpollRoute(_ConnRoute):
     ``_Epoll`` dropped unclosed ends its routes)."""
 
     __slots__ = (
-        "ep", "routes", "fds", "fd", "sock", "h", "nfd", "lfd", "mask", "interest", "ended", "last",
+        "ep", "routes", "fds", "unarmed", "fd", "sock", "h", "nfd", "lfd", "mask", "interest",
+        "armed", "ended", "last",
     )  # fmt: skip
 
     def __init__(self, owner: _Epoll, fd: int, sock: _rs.socket, mask: int) -> None:
         h = sock._h
         if h is None:
             raise _ll.oserror(-errno.EBADF)
-        sock._watch(_ll.WATCH_NOTIFY)
-        self.nfd, self.lfd = _ll.notify_fds(h)  # OSError: not a connection (yet)
+        self.interest = _epoll_interest(mask)
+        rc = _ll.set_interest(h, self.interest)
+        if rc < 0:
+            raise _ll.oserror(rc)  # (not a connection)
         self.ep = owner._e
         self.routes = owner._routes
         self.fds = owner._fds
+        self.unarmed = owner._unarmed
         self.fd = fd
         self.h = h
         self.sock = weakref.ref(sock)
         self.mask = mask
-        self.interest = _epoll_interest(mask)
-        self.ended = False
+        self.nfd = self.lfd = -1  # (arm: in the epoll)
+        self.armed = self.ended = False
         self.last = time.monotonic_ns()  # last had events (_Epoll._spin's tempo)
-        _ll.set_interest(h, self.interest)
-        self.ep.register(self.nfd, select.EPOLLIN)
-        self.fds[self.nfd] = self
-        if self.lfd >= 0:
-            self.ep.register(self.lfd, select.EPOLLIN)
-            self.fds[self.lfd] = self
         sock._loop_watches_fd(True, closer=self.end)  # no watcher-thread wake-ups
+
+    def arm(self) -> None:
+        """The connection's notify and liveness fds into the epoll (the
+        engine keeps the notify fd readable while the connection is ready
+        for the route's interest, from now on)."""
+        with _epoll_arm_lock:  # (a registering thread and a polling one)
+            if self.armed or self.ended:
+                return
+            self.armed = True
+            try:
+                self.unarmed.remove(self)
+            except ValueError:  # (taken off by _arm_all)
+                pass
+            sock = self.sock()
+            try:
+                if sock is None or sock._h is not self.h:
+                    raise _ll.oserror(-errno.EBADF)
+                sock._watch(_ll.WATCH_NOTIFY)
+                self.nfd, self.lfd = _ll.notify_fds(self.h)
+                for f in (self.nfd, self.lfd):
+                    if f >= 0:
+                        self.ep.register(f, select.EPOLLIN)
+                        self.fds[f] = self
+            except (OSError, ValueError):
+                pass  # closed meanwhile: its close ends the route (or the epoll's)
 
     def set_mask(self, mask: int) -> None:
         if mask != self.mask:
@@ -1731,7 +1822,7 @@ class _EpollRoute(_ConnRoute):
             self.end()
             return 0
         h = self.h
-        if fd == self.lfd and _ll.check_peer(h):
+        if fd >= 0 and fd == self.lfd and _ll.check_peer(h):
             # the peer is gone (level-triggered: its fd is watched no more;
             # the notify fd stays readable from now on)
             self._drop(self.lfd)
@@ -1758,13 +1849,19 @@ class _EpollRoute(_ConnRoute):
         """The route's fds leave the epoll, fileno() with them (``now``:
         fileno() exact at once, else when a poller asks).  Also run by the
         socket's last close (then from any thread) and by the owner's close."""
-        if self.ended:
-            return
-        self.ended = True
-        if self.routes.get(self.fd) is self:
-            self.routes.pop(self.fd, None)
-        self._drop(self.nfd)
-        self._drop(self.lfd)
+        with _epoll_arm_lock:  # (not while arm() runs in another thread)
+            if self.ended:
+                return
+            self.ended = True
+            if self.routes.get(self.fd) is self:
+                self.routes.pop(self.fd, None)
+            if not self.armed:
+                try:
+                    self.unarmed.remove(self)
+                except ValueError:  # (taken off by _arm_all)
+                    pass
+            self._drop(self.nfd)
+            self._drop(self.lfd)
         sock = self.sock()
         if sock is not None and sock._h is self.h:
             _ll.set_interest(self.h, POLLIN)  # (as sock_sendall leaves it)
@@ -1779,6 +1876,7 @@ def _epoll_interest(mask: int) -> int:
     )
 
 
+_epoll_arm_lock = threading.RLock()  # (a GC finalizer may end a route inside arm())
 # longest busy-poll of an _Epoll's rings between two looks at its other fds
 # (a listener's new connection waits no longer than that to be seen)
 _EPOLL_SLICE_US = 10

@@ -1006,3 +1006,43 @@ def test_epoll_busy_polls_a_busy_connection(
             assert sleeps <= n // 10, f"slept {sleeps} times in {n} polls"
         else:
             assert sleeps >= n // 2, f"slept only {sleeps} times in {n} polls"
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_epoll_registered_while_another_thread_polls(kind: str) -> None:
+    """A connection registered while another thread waits in the epoll's
+    poll wakes that poll when data comes (under the patch a route goes into
+    the epoll at once when a poll waits, not at the next poll)."""
+    with open_pair() as (client, server), select.epoll() as ep:
+        got: list[list[tuple[int, int]]] = []
+        waiter = threading.Thread(target=lambda: got.append(ep.poll(10)))
+        waiter.start()
+        time.sleep(0.05)  # (the waiter is in the kernel's poll now)
+        ep.register(server, select.EPOLLIN)
+        time.sleep(0.05)
+        start = time.monotonic()
+        client.sendall(b"w")
+        waiter.join(15)
+        assert got == [[(server.fileno(), select.EPOLLIN)]]
+        assert time.monotonic() - start < 5
+        assert server.recv(1) == b"w"
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_epoll_nested_in_another_poller(kind: str) -> None:
+    """An epoll's own fd in another poller (a select on ``ep.fileno()``, as
+    an epoll nested in a loop is waited for) turns readable when a
+    connection in it has data, whenever it was registered."""
+    with open_pair() as (client, server), open_pair() as (client2, server2):
+        with select.epoll() as ep:
+            ep.register(server, select.EPOLLIN)
+            efd = ep.fileno()
+            ep.register(server2, select.EPOLLIN)
+            assert select.select([efd], [], [], 0.05) == ([], [], [])
+            for c, s in ((client, server), (client2, server2)):
+                c.sendall(b"n")
+                assert select.select([efd], [], [], 10) == ([efd], [], [])
+                assert ep.poll(0) == [(s.fileno(), select.EPOLLIN)]
+                assert s.recv(1) == b"n"
