@@ -1715,8 +1715,11 @@ class _Epoll:
         # dropped unclosed: its routes end (the sockets' fileno() is theirs again)
         routes = getattr(self, "_routes", None)
         if routes:
-            for route in list(routes.values()):
-                route.end()
+            try:
+                for route in list(routes.values()):
+                    route.end()
+            except Exception:  # (at interpreter exit, module globals may be gone)
+                pass
 
     @property
     def closed(self) -> bool:

@@ -1046,3 +1046,26 @@ def test_epoll_nested_in_another_poller(kind: str) -> None:
                 assert select.select([efd], [], [], 10) == ([efd], [], [])
                 assert ep.poll(0) == [(s.fileno(), select.EPOLLIN)]
                 assert s.recv(1) == b"n"
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("poll_first", [False, True])
+def test_a_program_exits_with_routes_in_an_open_epoll(poll_first: bool) -> None:
+    """A program that ends with connections still in an epoll it never
+    closed exits cleanly: status 0, nothing on stderr."""
+    import subprocess
+    import sys
+
+    code = (
+        "import select, socket, rsock\n"
+        "rsock.patch()\n"
+        "L = socket.socket(); L.bind(('127.0.0.1', 0)); L.listen()\n"
+        "c = socket.create_connection(L.getsockname())\n"
+        "s, _ = L.accept()\n"
+        "ep = select.epoll()\n"
+        "ep.register(s, select.EPOLLIN)\n"
+        f"if {poll_first}: ep.poll(0.01)\n"
+        "keep = (ep, s, c, L)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+    assert (done.returncode, done.stderr) == (0, b"")
