@@ -1472,13 +1472,12 @@ class _Epoll:
     # connection is routed (fileno() once asked for), and poll nearly
     # (_poll_plain): little more per poll for a loop's selector or trio
     __slots__ = (
-        "_e", "poll", "unregister", "fileno", "_routes", "_fds", "_unarmed", "_waiting", "_exposed",
+        "_e", "poll", "unregister", "fileno", "_routes", "_unarmed", "_waiting", "_exposed",
     )  # fmt: skip
     poll: Callable[..., list[tuple[int, int]]]
     unregister: Callable[..., None]
     fileno: Callable[[], int]
     _routes: dict[int, _EpollRoute]  # fileno() -> its route
-    _fds: dict[int, _EpollRoute]  # a route's notify or liveness fd -> the route
     # routes whose fds are not in the epoll yet: a new connection is put in
     # at the first poll that must wait for it (the engine answers before:
     # a new connection's first request is usually there by then, and a
@@ -1495,7 +1494,6 @@ class _Epoll:
         self._e = e
         self.fileno = self._fileno_exposed
         self._routes = {}
-        self._fds = {}
         self._unarmed = []
         self._waiting = set()
         self._exposed = False
@@ -1525,12 +1523,13 @@ class _Epoll:
             got: list[tuple[int, int]] = self._e.poll(timeout, maxevents)
         finally:
             self._waiting.discard(me)
-        return self._translate(got) if self._fds else got
+        return self._translate(got) if _epoll_route_fds else got
 
     @classmethod
     def fromfd(cls, fd: Any, /) -> _Epoll:
         ep = cls.__new__(cls)
         ep._take(_epoll_std.fromfd(fd))
+        ep._exposed = True  # (another epoll object may poll the same kernel epoll)
         return ep
 
     def register(self, fd: Any, eventmask: Any = _EPOLL_DEFAULT) -> None:
@@ -1648,7 +1647,7 @@ class _Epoll:
 
     def _translate(self, got: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The kernel's events, a route's fds as its fileno()'s events."""
-        fds = self._fds
+        fds = _epoll_route_fds  # (every epoll's: two may share one kernel epoll, fromfd)
         if not fds:
             return got
         out: list[tuple[int, int]] = []
@@ -1759,7 +1758,7 @@ class _EpollRoute(_ConnRoute):
     ``_Epoll`` dropped unclosed ends its routes)."""
 
     __slots__ = (
-        "ep", "routes", "fds", "unarmed", "fd", "sock", "h", "nfd", "lfd", "mask", "interest",
+        "ep", "routes", "unarmed", "fd", "sock", "h", "nfd", "lfd", "mask", "interest",
         "armed", "ended", "last",
     )  # fmt: skip
 
@@ -1773,7 +1772,6 @@ class _EpollRoute(_ConnRoute):
             raise _ll.oserror(rc)  # (not a connection)
         self.ep = owner._e
         self.routes = owner._routes
-        self.fds = owner._fds
         self.unarmed = owner._unarmed
         self.fd = fd
         self.h = h
@@ -1805,7 +1803,7 @@ class _EpollRoute(_ConnRoute):
                 for f in (self.nfd, self.lfd):
                     if f >= 0:
                         self.ep.register(f, select.EPOLLIN)
-                        self.fds[f] = self
+                        _epoll_route_fds[f] = self
             except (OSError, ValueError):
                 pass  # closed meanwhile: its close ends the route (or the epoll's)
 
@@ -1841,8 +1839,8 @@ class _EpollRoute(_ConnRoute):
         return rev
 
     def _drop(self, fd: int) -> None:
-        if self.fds.get(fd) is self:
-            self.fds.pop(fd, None)  # (end() may run in another thread)
+        if _epoll_route_fds.get(fd) is self:
+            _epoll_route_fds.pop(fd, None)  # (end() may run in another thread)
             try:
                 self.ep.unregister(fd)
             except (OSError, ValueError):  # closed already (the fd, or the epoll)
@@ -1879,6 +1877,10 @@ def _epoll_interest(mask: int) -> int:
     )
 
 
+# every _Epoll's routes by their fds in a kernel epoll (notify and liveness
+# fds: open, so unique in the process): two epoll objects may share a kernel
+# epoll (fromfd), and each reports the other's routes as their fileno()
+_epoll_route_fds: dict[int, _EpollRoute] = {}
 _epoll_arm_lock = threading.RLock()  # (a GC finalizer may end a route inside arm())
 # longest busy-poll of an _Epoll's rings between two looks at its other fds
 # (a listener's new connection waits no longer than that to be seen)

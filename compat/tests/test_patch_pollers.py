@@ -1069,3 +1069,30 @@ def test_a_program_exits_with_routes_in_an_open_epoll(poll_first: bool) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
     assert (done.returncode, done.stderr) == (0, b"")
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_two_epoll_objects_on_one_kernel_epoll(kind: str) -> None:
+    """``select.epoll.fromfd`` of another epoll's fd (CPython's
+    test_epoll.test_fromfd): what either registers, both report, with the
+    connections' own fds."""
+    with open_pair() as (client, server):
+        with select.epoll() as ep:
+            ep2 = select.epoll.fromfd(os.dup(ep.fileno()))
+            ep2.register(server.fileno(), select.EPOLLIN | select.EPOLLOUT)
+            ep2.register(client.fileno(), select.EPOLLIN | select.EPOLLOUT)
+            want = sorted([(server.fileno(), select.EPOLLOUT), (client.fileno(), select.EPOLLOUT)])
+            assert sorted(ep.poll(1, 4)) == want
+            assert sorted(ep2.poll(0.9, 4)) == want
+            client.sendall(b"f")
+            want[want.index((server.fileno(), select.EPOLLOUT))] = (
+                server.fileno(),
+                select.EPOLLIN | select.EPOLLOUT,
+            )
+            deadline = time.monotonic() + 10
+            while sorted(ep.poll(0)) != sorted(want):
+                assert time.monotonic() < deadline
+            assert sorted(ep2.poll(0)) == sorted(want)
+            ep2.close()
+        assert server.recv(1) == b"f"
