@@ -70,8 +70,8 @@ import time
 import types
 import weakref
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
 from rsock import _lowlevel as _ll
 from rsock import _socket as _rs
@@ -1672,28 +1672,14 @@ class _Epoll:
         loop: a server's next event (the request after a reply, the
         client's close) is then taken without the thread going to sleep
         and being woken.  The events, or None: nothing came (wait on)."""
-        budget = _loop_poll_us() * 1000
-        if not budget:
-            return None
-        now = time.monotonic_ns()
-        hot = [r for r in list(self._routes.values()) if now - r.last < budget and r.interest]
-        if not hot:
-            return None
-        end = max(r.last for r in hot) + budget
-        if timeout is not None and timeout >= 0:
-            end = min(end, now + int(timeout * 1e9))
-        spin = _ll.SpinSet([r.h for r in hot]).spin
         poll = self._e.poll
-        while True:
-            try:
-                ready = spin(_EPOLL_SLICE_US)
-            except OSError:
-                return None
+        wait = None if timeout is None else float(timeout)
+        routes = [r for r in list(self._routes.values()) if r.interest]
+        for ready in _spins(routes, wait, _EPOLL_SLICE_US):
             got = poll(0, maxevents)
             if ready or got:
                 out = self._translate(got)
-                for i in ready:
-                    route = hot[i]
+                for route in ready:
                     if not any(e[0] == route.fd for e in out):
                         rev = route.fired(-1)
                         if rev:
@@ -1701,8 +1687,7 @@ class _Epoll:
                 if out:
                     # (level-triggered: what is cut off comes with the next)
                     return out[:maxevents] if type(maxevents) is int and maxevents > 0 else out
-            if time.monotonic_ns() >= end:
-                return None
+        return None
 
     def close(self) -> None:
         for route in list(self._routes.values()):
@@ -1744,6 +1729,42 @@ class _ConnRoute:
         """Is the route's connection still open (and the same)?"""
         s = self.sock()
         return s is not None and s._h is self.h
+
+
+_R = TypeVar("_R", bound="_HotRoute")
+
+
+class _HotRoute(Protocol):
+    h: _ll.Handle
+    last: int  # monotonic_ns of its last event
+
+
+def _spins(routes: list[_R], timeout: float | None, slice_us: int) -> Iterator[list[_R]]:
+    """The busy poll of a poller about to sleep up to ``timeout`` s (None:
+    no limit): of ``routes``, those active within ``RSOCK_LOOP_POLL_US``
+    are polled in their rings (``slice_us`` at a time, the GIL released);
+    yields those ready after each slice (maybe none: the caller looks at
+    its other fds then), and ends once that budget or the timeout ran out
+    (at once if none is hot; or if polling fails)."""
+    budget = _loop_poll_us() * 1000
+    if not budget:
+        return
+    now = time.monotonic_ns()
+    hot = [r for r in routes if now - r.last < budget]
+    if not hot:
+        return
+    end = max(r.last for r in hot) + budget
+    if timeout is not None and timeout >= 0:
+        end = min(end, now + int(timeout * 1e9))
+    spin = _ll.SpinSet([r.h for r in hot]).spin
+    while True:
+        try:
+            ready = spin(slice_us)
+        except OSError:
+            return
+        yield [hot[i] for i in ready]
+        if time.monotonic_ns() >= end:
+            return
 
 
 class _EpollRoute(_ConnRoute):
@@ -2221,26 +2242,14 @@ class _TrioLoop:
         fds looked at in between), as rsock.asyncio's poller does for a
         loop.  Events for trio's process_events, or None: sleep as trio
         does (for what is left of ``timeout``)."""
-        budget = _loop_poll_us() * 1000
-        if not budget:
-            return None
-        now = time.monotonic_ns()
-        hot = [r for r in self.waiting if now - r.last < budget and r.is_open()]
-        if not hot:
-            return None
-        end = min(now + int(timeout * 1e9), max(r.last for r in hot) + budget)
-        spin = _ll.SpinSet([r.h for r in hot]).spin
-        while True:
-            try:
-                ready = spin(_POLL_SLICE_US)
-            except OSError:
-                return None
+        for ready in _spins([r for r in self.waiting if r.is_open()], timeout, _POLL_SLICE_US):
             if ready:
                 self.spins += 1
-                return [(hot[i].nfd, select.EPOLLIN) for i in ready]
+                return [(r.nfd, select.EPOLLIN) for r in ready]
             events = self.ep.poll(0, max(1, len(self.io._registered)))
-            if events or time.monotonic_ns() >= end:
-                return events or None
+            if events:
+                return events
+        return None
 
 
 class _TrioRoute(_ConnRoute):
