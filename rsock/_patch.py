@@ -1232,6 +1232,13 @@ def _exact(fileobj: Any) -> None:
             pass  # closed meanwhile: the poller finds it so
 
 
+def _listens(fileobj: Any) -> bool:
+    """Is ``fileobj`` (an fd, or an object with fileno()) an rsock listener's?"""
+    sock = _rs.live(fileobj) if type(fileobj) is int else fileobj
+    is_listener = getattr(type(sock), "_is_listener", None)
+    return is_listener is not None and bool(is_listener(sock))
+
+
 def _select(rlist: Any, wlist: Any, xlist: Any, timeout: Any = None, /) -> Any:
     """``select.select`` while patched: rsock connections whose fileno() is
     lazy are answered by the engine while that needs no wait (something is
@@ -1473,6 +1480,7 @@ class _Epoll:
     # (_poll_plain): little more per poll for a loop's selector or trio
     __slots__ = (
         "_e", "poll", "unregister", "fileno", "_routes", "_unarmed", "_waiting", "_exposed",
+        "_ended", "_serves",
     )  # fmt: skip
     poll: Callable[..., list[tuple[int, int]]]
     unregister: Callable[..., None]
@@ -1486,6 +1494,12 @@ class _Epoll:
     # the threads in the kernel's poll (a route registered meanwhile goes in at once)
     _waiting: set[int]
     _exposed: bool  # fileno() was asked for: another poller may wait on it (routes go in at once)
+    # [the last activity (monotonic ns) of a route that ended]: the busy
+    # poll goes on that long after it (_spins), on the epoll's other fds
+    _ended: list[int]
+    # an rsock listener was registered: the busy poll also goes on after
+    # the process's last rsock accept (the next client's connection)
+    _serves: bool
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         self._take(_epoll_std(*args, **kw))
@@ -1497,6 +1511,8 @@ class _Epoll:
         self._unarmed = []
         self._waiting = set()
         self._exposed = False
+        self._ended = [0]
+        self._serves = False
         self._plain()
 
     def _fileno_exposed(self) -> int:
@@ -1516,7 +1532,16 @@ class _Epoll:
     def _poll_plain(self, timeout: Any = None, maxevents: Any = -1) -> list[tuple[int, int]]:
         """The kernel's poll, noted as waiting: a connection another thread
         registers meanwhile goes into the epoll at once, and its events
-        come out as its fileno()'s."""
+        come out as its fileno()'s.  Busy-polled first while a route ended
+        within ``RSOCK_LOOP_POLL_US``, or a listener accepted (see ``_spin``)."""
+        if (self._ended[0] or self._serves) and _may_wait(timeout):
+            start = time.monotonic()
+            spun = self._spin(timeout, maxevents)
+            if spun is not None:
+                return spun
+            if _cooled(self._ended[0]):
+                self._ended[0] = 0  # (until the next route ends: no look at the clock)
+            timeout = _time_left(timeout, start)
         me = threading.get_ident()
         self._waiting.add(me)
         try:
@@ -1558,6 +1583,8 @@ class _Epoll:
                     return
         _exact(fd)
         self._e.register(fd, eventmask)
+        if not self._serves and _listens(fd):
+            self._serves = True
 
     def modify(self, fd: Any, eventmask: Any) -> None:
         n = _known_fd(fd) if self._routes else -1
@@ -1565,6 +1592,8 @@ class _Epoll:
         if route is None or not route.is_open():
             _exact(fd)
             self._e.modify(fd, eventmask)
+            if not self._serves and _listens(fd):
+                self._serves = True
             return
         if type(eventmask) is not int or eventmask & ~_EPOLL_ROUTED:
             # a flag a route does not keep: fileno() exact, in the kernel's epoll
@@ -1598,14 +1627,14 @@ class _Epoll:
             if ready:
                 evs = self._translate(self._e.poll(0, maxevents)) + ready
                 return evs[:maxevents] if type(maxevents) is int and maxevents > 0 else evs
-        if timeout is None or (type(timeout) in (int, float) and timeout != 0):
+        if _may_wait(timeout):
             start = time.monotonic()
             spun = self._spin(timeout, maxevents)
             if spun is not None:
                 return spun
             if timeout is not None and timeout > 0:
                 end = start + timeout
-                timeout = max(0.0, end - time.monotonic())
+            timeout = _time_left(timeout, start)
         me = threading.get_ident()
         while True:
             self._waiting.add(me)
@@ -1675,7 +1704,10 @@ class _Epoll:
         poll = self._e.poll
         wait = None if timeout is None else float(timeout)
         routes = [r for r in list(self._routes.values()) if r.interest]
-        for ready in _spins(routes, wait, _EPOLL_SLICE_US):
+        since = self._ended[0]
+        if self._serves and _rs.last_accept_ns > since:
+            since = _rs.last_accept_ns
+        for ready in _spins(routes, wait, _EPOLL_SLICE_US, since):
             got = poll(0, maxevents)
             if ready or got:
                 out = self._translate(got)
@@ -1717,6 +1749,26 @@ class _Epoll:
         self.close()
 
 
+def _may_wait(timeout: Any) -> bool:
+    """May a poll with this ``timeout`` (seconds; None or negative: no
+    limit) wait?"""
+    return timeout is None or (type(timeout) in (int, float) and timeout != 0)
+
+
+def _cooled(ended: int) -> bool:
+    """Is a route's end (``_spins``' ``ended``) older than the busy poll's
+    budget?"""
+    return time.monotonic_ns() - ended >= _loop_poll_us() * 1000
+
+
+def _time_left(timeout: Any, start: float) -> Any:
+    """What is left at this moment of a poll's ``timeout`` that began at
+    ``start`` (time.monotonic())."""
+    if type(timeout) in (int, float) and timeout > 0:
+        return max(0.0, start + timeout - time.monotonic())
+    return timeout
+
+
 class _ConnRoute:
     """What the routes of a connection's fileno() (an epoll's, trio's) share:
     the connection, weakly, and its handle when the route began."""
@@ -1739,30 +1791,44 @@ class _HotRoute(Protocol):
     last: int  # monotonic_ns of its last event
 
 
-def _spins(routes: list[_R], timeout: float | None, slice_us: int) -> Iterator[list[_R]]:
+def _spins(
+    routes: list[_R], timeout: float | None, slice_us: int, ended: int = 0
+) -> Iterator[list[_R]]:
     """The busy poll of a poller about to sleep up to ``timeout`` s (None:
     no limit): of ``routes``, those active within ``RSOCK_LOOP_POLL_US``
     are polled in their rings (``slice_us`` at a time, the GIL released);
     yields those ready after each slice (maybe none: the caller looks at
     its other fds then), and ends once that budget or the timeout ran out
-    (at once if none is hot; or if polling fails)."""
+    (at once if none is hot; or if polling fails).  ``ended``: the last
+    activity (monotonic ns) of a route that ended since; within the budget
+    after it the poller goes on looking at its other fds without waiting
+    (yields [] back to back), hot route or not: a server whose connection
+    just closed takes the next client's connection (its listener turning
+    readable) without sleeping and being woken, as it took the last
+    request."""
     budget = _loop_poll_us() * 1000
     if not budget:
         return
     now = time.monotonic_ns()
     hot = [r for r in routes if now - r.last < budget]
-    if not hot:
+    end = max([r.last for r in hot], default=0)
+    if ended > end:
+        end = ended
+    end += budget
+    if end <= now:
         return
-    end = max(r.last for r in hot) + budget
     if timeout is not None and timeout >= 0:
         end = min(end, now + int(timeout * 1e9))
-    spin = _ll.SpinSet([r.h for r in hot]).spin
+    spin = _ll.SpinSet([r.h for r in hot]).spin if hot else None
     while True:
-        try:
-            ready = spin(slice_us)
-        except OSError:
-            return
-        yield [hot[i] for i in ready]
+        if spin is None:
+            yield []
+        else:
+            try:
+                ready = spin(slice_us)
+            except OSError:
+                return
+            yield [hot[i] for i in ready]
         if time.monotonic_ns() >= end:
             return
 
@@ -1779,7 +1845,7 @@ class _EpollRoute(_ConnRoute):
     ``_Epoll`` dropped unclosed ends its routes)."""
 
     __slots__ = (
-        "ep", "routes", "unarmed", "fd", "sock", "h", "nfd", "lfd", "mask", "interest",
+        "ep", "routes", "unarmed", "gone", "fd", "sock", "h", "nfd", "lfd", "mask", "interest",
         "armed", "ended", "last",
     )  # fmt: skip
 
@@ -1794,6 +1860,7 @@ class _EpollRoute(_ConnRoute):
         self.ep = owner._e
         self.routes = owner._routes
         self.unarmed = owner._unarmed
+        self.gone = owner._ended
         self.fd = fd
         self.h = h
         self.sock = weakref.ref(sock)
@@ -1875,6 +1942,8 @@ class _EpollRoute(_ConnRoute):
             if self.ended:
                 return
             self.ended = True
+            if self.last > self.gone[0]:
+                self.gone[0] = self.last
             if self.routes.get(self.fd) is self:
                 self.routes.pop(self.fd, None)
             if not self.armed:
@@ -2220,7 +2289,7 @@ class _TrioLoop:
     fds its routes registered in its epoll (level-triggered, each once per
     connection), which ``process_events`` hands to their route first."""
 
-    __slots__ = ("io", "reschedule", "ep", "fds", "waiting", "thread", "spins")
+    __slots__ = ("io", "reschedule", "ep", "fds", "waiting", "thread", "spins", "ended")
 
     def __init__(self, io: Any) -> None:
         from trio import lowlevel
@@ -2234,21 +2303,27 @@ class _TrioLoop:
         self.waiting: dict[_TrioRoute, None] = {}
         self.thread = threading.get_ident()  # (the run's: get_events may run elsewhere)
         self.spins = 0  # waits the poller ended (tests read it)
+        self.ended = 0  # the last activity of a route that ended (see _spins)
 
     def poll(self, timeout: float) -> list[tuple[int, int]] | None:
         """trio is about to sleep up to ``timeout`` s: while a connection a
         task waits on was active within ``RSOCK_LOOP_POLL_US``, busy-poll
         those rings first (25 µs at a time, the GIL released, trio's own
         fds looked at in between), as rsock.asyncio's poller does for a
-        loop.  Events for trio's process_events, or None: sleep as trio
-        does (for what is left of ``timeout``)."""
-        for ready in _spins([r for r in self.waiting if r.is_open()], timeout, _POLL_SLICE_US):
+        loop; and its other fds without waiting while a route ended within
+        that budget.  Events for trio's process_events, or None: sleep as
+        trio does (for what is left of ``timeout``)."""
+        routes = [r for r in self.waiting if r.is_open()]
+        for ready in _spins(routes, timeout, _POLL_SLICE_US, self.ended):
             if ready:
                 self.spins += 1
                 return [(r.nfd, select.EPOLLIN) for r in ready]
             events = self.ep.poll(0, max(1, len(self.io._registered)))
             if events:
+                self.spins += 1
                 return events
+        if _cooled(self.ended):
+            self.ended = 0
         return None
 
 
@@ -2338,6 +2413,8 @@ class _TrioRoute(_ConnRoute):
                 if fds.get(f) is self:
                     fds.pop(f, None)
             self.loop.waiting.pop(self, None)
+            if self.last > self.loop.ended:
+                self.loop.ended = self.last
             self.reading = self.live = False
             return False
         self.ready()
@@ -2393,7 +2470,10 @@ class _TrioRoute(_ConnRoute):
         if self.live:
             self._remove(self.lfd)
             self.live = False
-        self.loop.waiting.pop(self, None)
+        loop = self.loop
+        loop.waiting.pop(self, None)
+        if self.last > loop.ended:
+            loop.ended = self.last
         if not closing and self.is_open():
             self.interest = POLLIN
             _ll.set_interest(self.h, POLLIN)
@@ -2565,7 +2645,7 @@ def _wrap_trio_get_events(original: Any) -> Callable[..., Any]:
             if (
                 loop is not None
                 and loop.io is self
-                and loop.waiting
+                and (loop.waiting or loop.ended)
                 and loop.thread == threading.get_ident()
             ):
                 start = time.monotonic()

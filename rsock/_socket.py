@@ -121,6 +121,10 @@ tally: Callable[[str], None] | None = None
 # poller first (select, poll, epoll, the loops' readers and writers), and an
 # event loop that watches the connection's notify fd instead needs none
 lazy_fd = False
+# when a listener of this process last accepted an rsock connection
+# (monotonic ns): a poller that watches a listener busy-polls for a while
+# after it (rsock.patch's epoll), as more clients often follow
+last_accept_ns = 0
 
 
 def _tally(key: str) -> None:
@@ -1514,6 +1518,8 @@ class socket:
                 return self._on_tcp(conn), addr
             raise self._fail(rc, timeout, detail=False)
         assert nh is not None
+        global last_accept_ns
+        last_accept_ns = time.monotonic_ns()
         mine = self._core.listen_addr
         if mine is None:
             mine = self._core.listen_addr = self._reserve().getsockname()

@@ -146,7 +146,12 @@ class _LoopPoller:
     the whole budget goes back to the loop's readers (the engine arms and
     makes its notify fd exact again); with none hot, the poller stops and
     the loop sleeps as usual, so idle connections cost nothing and a
-    loop with many connections polls only the busy ones."""
+    loop with many connections polls only the busy ones.  After a hot
+    transport closed, the poller stays scheduled (spinning on nothing)
+    for what was left of that transport's budget, so that the loop looks
+    at its own fds without sleeping meanwhile: a server whose connection
+    just ended takes the next client's (its listener turning readable)
+    without being put to sleep and woken, as it took the last request."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, budget_us: int) -> None:
         self._loop = loop
@@ -159,6 +164,7 @@ class _LoopPoller:
         self._running = False
         self._swept = 0
         self._last_end = 0  # when the last look ended
+        self._linger = 0  # a closed hot transport's budget ends then (monotonic ns)
         ready = getattr(loop, "_ready", None)  # asyncio's BaseEventLoop
         self._queue: collections.deque[Any] | None = (
             ready if isinstance(ready, collections.deque) else None
@@ -216,6 +222,9 @@ class _LoopPoller:
         """``tr`` is closing (its watch is disarmed next)."""
         if tr._polled:
             self._drop(tr)
+            end = tr._poll_last + tr._poll_budget
+            if end > self._linger:
+                self._linger = end
 
     def _sweep(self, now: int) -> None:
         self._swept = now
@@ -228,6 +237,10 @@ class _LoopPoller:
 
     def _run(self) -> None:
         if not self._hot:
+            if self._linger and time.monotonic_ns() < self._linger:
+                self._loop.call_soon(self._run)  # (the loop polls its fds meanwhile)
+                return
+            self._linger = 0
             self._running = False
             return
         if self._set is None:
@@ -253,7 +266,7 @@ class _LoopPoller:
                 if tr._polled:
                     tr._on_ready()
         finally:
-            if self._hot:
+            if self._hot or self._linger:
                 self._loop.call_soon(self._run)
             else:
                 self._running = False

@@ -510,3 +510,79 @@ def test_polling_budget_follows_the_peer(run: Any, monkeypatch: Any) -> None:
             await cp.lost
 
     run(main())
+
+
+def _loop_sleeps() -> int:
+    """Voluntary context switches of the calling thread (the loop's) so far."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+        return int(f.read().split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+_NEW_CONNECTIONS = """
+import socket, sys, time
+{imp}
+for i in range({n}):
+    time.sleep(0.001)
+    c = {mod}.socket()
+    c.settimeout(10)
+    c.connect(("127.0.0.1", int(sys.argv[1])))
+    c.sendall(b"%03d" % i)
+    assert c.recv(3) == b"%03d" % i
+    c.close()
+"""
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rsock"])
+@pytest.mark.parametrize("poll_us", ["0", "200000"])
+def test_server_polls_for_the_next_connection(
+    transport: str, poll_us: str, run: Any, monkeypatch: Any
+) -> None:
+    """A server whose client makes a new connection 1 ms after each one it
+    closed (connect, request, echo, close): with the budget longer than
+    that gap the loop, its last hot connection gone, goes on looking at
+    its fds without sleeping for what was left of that connection's budget,
+    and takes the next connection without being put to sleep and woken;
+    with polling off it sleeps for each.  Every echo arrives (TCP: the
+    oracle)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", poll_us)
+    n = 60
+
+    async def main() -> int:
+        closed = 0
+        done = asyncio.get_running_loop().create_future()
+
+        class Counted(Echo):
+            def connection_lost(self, exc: Exception | None) -> None:
+                nonlocal closed
+                closed += 1
+                if closed == n and not done.done():
+                    done.set_result(None)
+
+        server, port = await start_server(transport, Counted)
+        imp, mod = ("import rsock", "rsock") if transport == "rsock" else ("", "socket")
+        code = _NEW_CONNECTIONS.format(imp=imp, mod=mod, n=n)
+        async with server:
+            client = subprocess.Popen([sys.executable, "-c", code, str(port)])
+            try:
+                while closed < 1:
+                    await asyncio.sleep(0.0005)
+                before = _loop_sleeps()
+                await asyncio.wait_for(done, HANG)
+                slept = _loop_sleeps() - before
+                wait = asyncio.get_running_loop().run_in_executor(None, client.wait, HANG)
+                assert await wait == 0
+            finally:
+                if client.poll() is None:
+                    client.kill()
+                    client.wait()
+        return slept
+
+    slept = run(main())
+    if transport == "rsock" and FAST_PROVIDER == "shm":  # (verbs: not polled)
+        if poll_us == "0":
+            assert slept >= 30, slept
+        else:
+            assert slept <= 6, slept

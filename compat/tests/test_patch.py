@@ -753,6 +753,74 @@ def test_trio_polls_busy_connections(kind: str, tmp_path: Path) -> None:
         assert polled >= 150, proc.stderr  # most of the 300 waits ended by the poller
 
 
+_TRIO_NEXT_CONNECTION = """
+import subprocess, sys, threading, trio
+
+def sleeps():  # voluntary context switches of this thread (trio's)
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+        return int(f.read().split("voluntary_ctxt_switches:")[1].split()[0])
+
+N = 60
+CLIENT = '''
+{patch}
+import socket, sys, time
+for i in range(%d):
+    time.sleep(0.001)
+    with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as c:
+        c.sendall(b"%%03d" %% i)
+        assert c.recv(3) == b"r%%02d" %% i
+''' % N
+
+async def main():
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(port)])
+    before = -1
+    for i in range(N):
+        conn, _ = await listener.accept()
+        if before < 0:
+            before = sleeps()
+        with conn:
+            assert await conn.recv(3) == b"%03d" % i
+            await conn.send(b"r%02d" % i)
+            assert await conn.recv(3) == b""
+    slept = sleeps() - before
+    print("served:", N)
+    print("slept:", slept, file=sys.stderr)
+    listener.close()
+    assert client.wait(30) == 0
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+@pytest.mark.parametrize("budget_us", [0, 200_000])
+def test_trio_polls_for_the_next_connection(
+    kind: str, budget_us: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trio server that serves one new connection after another (a
+    client connects 1 ms after its last connection closed): with
+    ``RSOCK_LOOP_POLL_US`` longer than that gap, trio's wait after a
+    connection ended goes on polling its epoll (the listener) without
+    sleeping, so the next connection is taken without the thread being
+    woken; with 0 it sleeps for each.  TCP (plain Python) is the oracle of
+    what the program sees."""
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", str(budget_us))
+    patch = "import rsock; rsock.patch()" if kind == "rsock" else ""
+    code = _TRIO_NEXT_CONNECTION.replace("{patch}", patch)
+    proc = run_as_proc(kind, code, tmp_path, timeout=60)
+    assert proc.stdout.splitlines() == ["served: 60"], proc.stdout
+    if kind == "rsock":
+        slept = int(proc.stderr.split("slept:")[1].split()[0])
+        if budget_us:
+            assert slept <= 6, proc.stderr
+        else:
+            assert slept >= 30, proc.stderr
+
+
 def test_reference_kept_past_unpatch_builds_stdlib_sockets() -> None:
     rsock.patch()
     kept = socket.socket

@@ -1010,6 +1010,93 @@ def test_epoll_busy_polls_a_busy_connection(
 
 @pytest.mark.timeout_s(60)
 @pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("budget_us", [0, 200_000])
+@pytest.mark.parametrize("served_by", ["epoll", "blocking calls"])
+def test_epoll_busy_polls_for_the_next_connection(
+    kind: str, budget_us: int, served_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's epoll watches its listener (and, as the selectors
+    documentation's server, each connection; or it serves each connection
+    with blocking calls, as a thread-per-connection server's accept loop
+    does), and a client makes a new connection 1 ms after each one it
+    closed (connect, request, reply, close).  Under the patch, with
+    ``RSOCK_LOOP_POLL_US`` longer than that gap, a poll after a connection
+    ended or a listener accepted goes on polling (the listener, without
+    waiting) and takes the next connection without the thread going to
+    sleep in the poll; with 0 it sleeps there for each."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", str(budget_us))
+    n = 60
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        patch = "import rsock; rsock.patch()" if kind == "rsock" else ""
+        code = (
+            f"import socket, time\n{patch}\n"
+            f"for i in range({n}):\n"
+            "    time.sleep(0.001)\n"
+            f"    with socket.create_connection(('127.0.0.1', {listener.getsockname()[1]})) as c:\n"
+            "        c.sendall(b'%03d' % i)\n"
+            "        assert c.recv(3) == b'r%02d' % (i % 100)\n"
+        )
+        peer = subprocess.Popen([sys.executable, "-c", code])
+        slept = 0  # in the epoll's poll, after the first connection came
+
+        def poll(ep: select.epoll) -> list[tuple[int, int]]:
+            nonlocal slept
+            before = _thread_sleeps()
+            events = ep.poll(10)
+            assert events, "nothing came within 10 s"
+            if served or conns:
+                slept += _thread_sleeps() - before
+            return events
+
+        try:
+            with select.epoll() as ep:
+                ep.register(listener, select.EPOLLIN)
+                served = 0
+                conns: dict[int, socket.socket] = {}
+                while served < n:
+                    for fd, _ev in poll(ep):
+                        if fd == listener.fileno():
+                            conn, _ = listener.accept()
+                            if served_by == "epoll":
+                                conn.setblocking(False)
+                                conns[conn.fileno()] = conn
+                                ep.register(conn, select.EPOLLIN)
+                                continue
+                            with conn:
+                                conn.settimeout(10)
+                                assert conn.recv(3) == b"%03d" % served
+                                conn.sendall(b"r%02d" % (served % 100))
+                                assert conn.recv(3) == b""
+                            served += 1
+                            continue
+                        conn = conns[fd]
+                        data = conn.recv(3)
+                        if data:
+                            assert data == b"%03d" % served
+                            conn.sendall(b"r%02d" % (served % 100))
+                        else:
+                            ep.unregister(conn)
+                            conns.pop(fd).close()
+                            served += 1
+            assert peer.wait(30) == 0
+        finally:
+            peer.kill()
+            peer.wait()
+    if kind == "rsock":
+        if budget_us:
+            assert slept <= n // 10, f"slept {slept} times in polls for {n} connections"
+        else:
+            assert slept >= n // 2, f"slept only {slept} times in polls for {n} connections"
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
 def test_epoll_registered_while_another_thread_polls(kind: str) -> None:
     """A connection registered while another thread waits in the epoll's
     poll wakes that poll when data comes (under the patch a route goes into
