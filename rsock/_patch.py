@@ -1822,6 +1822,9 @@ def _spins(
     spin = _ll.SpinSet([r.h for r in hot]).spin if hot else None
     while True:
         if spin is None:
+            # (as the rings' spin does between rounds: a thread of the
+            # process the accept handed a connection to may want this CPU)
+            os.sched_yield()
             yield []
         else:
             try:
