@@ -222,7 +222,7 @@ class _LoopPoller:
         """``tr`` is closing (its watch is disarmed next)."""
         if tr._polled:
             self._drop(tr)
-            end = tr._poll_last + tr._poll_budget
+            end = tr._poll_last + min(tr._poll_budget, self._budget_ns)
             if end > self._linger:
                 self._linger = end
 
