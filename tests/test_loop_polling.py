@@ -550,7 +550,7 @@ def test_server_polls_for_the_next_connection(
     monkeypatch.setenv("RSOCK_LOOP_POLL_US", poll_us)
     n = 60
 
-    async def main() -> int:
+    async def main() -> tuple[int, float]:
         closed = 0
         done = asyncio.get_running_loop().create_future()
 
@@ -574,13 +574,18 @@ def test_server_polls_for_the_next_connection(
                 slept = _loop_sleeps() - before
                 wait = asyncio.get_running_loop().run_in_executor(None, client.wait, HANG)
                 assert await wait == 0
+                # nothing comes any more: the polling ends within its budget
+                cpu = time.process_time()
+                await asyncio.sleep(0.6)
+                idle_cpu = time.process_time() - cpu
             finally:
                 if client.poll() is None:
                     client.kill()
                     client.wait()
-        return slept
+        return slept, idle_cpu
 
-    slept = run(main())
+    slept, idle_cpu = run(main())
+    assert idle_cpu < 0.4, f"{idle_cpu:.2f} s of CPU in 0.6 s with nothing to do"
     if transport == "rsock" and FAST_PROVIDER == "shm":  # (verbs: not polled)
         if poll_us == "0":
             assert slept >= 30, slept

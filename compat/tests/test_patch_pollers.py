@@ -1092,10 +1092,15 @@ def test_epoll_busy_polls_for_the_next_connection(
                             ep.unregister(conn)
                             conns.pop(fd).close()
                             served += 1
+                # nothing comes any more: the busy poll ends within its budget
+                cpu = time.process_time()
+                assert ep.poll(0.6) == []
+                idle_cpu = time.process_time() - cpu
             assert peer.wait(30) == 0
         finally:
             peer.kill()
             peer.wait()
+    assert idle_cpu < 0.4, f"{idle_cpu:.2f} s of CPU in a 0.6 s poll with nothing to do"
     _check_sleeps(kind, budget_us, slept, n, "connections")
 
 
