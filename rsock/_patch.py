@@ -1539,8 +1539,6 @@ class _Epoll:
             spun = self._spin(timeout, maxevents)
             if spun is not None:
                 return spun
-            if _cooled(self._ended[0]):
-                self._ended[0] = 0  # (until the next route ends: no look at the clock)
             timeout = _time_left(timeout, start)
         me = threading.get_ident()
         self._waiting.add(me)
@@ -1719,6 +1717,8 @@ class _Epoll:
                 if out:
                     # (level-triggered: what is cut off comes with the next)
                     return out[:maxevents] if type(maxevents) is int and maxevents > 0 else out
+        if _cooled(self._ended[0]):
+            self._ended[0] = 0  # (until the next route ends: no look at the clock)
         return None
 
     def close(self) -> None:
@@ -1945,8 +1945,7 @@ class _EpollRoute(_ConnRoute):
             if self.ended:
                 return
             self.ended = True
-            if self.last > self.gone[0]:
-                self.gone[0] = self.last
+            self.gone[0] = max(self.gone[0], self.last)
             if self.routes.get(self.fd) is self:
                 self.routes.pop(self.fd, None)
             if not self.armed:
@@ -2416,8 +2415,7 @@ class _TrioRoute(_ConnRoute):
                 if fds.get(f) is self:
                     fds.pop(f, None)
             self.loop.waiting.pop(self, None)
-            if self.last > self.loop.ended:
-                self.loop.ended = self.last
+            self.loop.ended = max(self.loop.ended, self.last)
             self.reading = self.live = False
             return False
         self.ready()
@@ -2473,10 +2471,8 @@ class _TrioRoute(_ConnRoute):
         if self.live:
             self._remove(self.lfd)
             self.live = False
-        loop = self.loop
-        loop.waiting.pop(self, None)
-        if self.last > loop.ended:
-            loop.ended = self.last
+        self.loop.waiting.pop(self, None)
+        self.loop.ended = max(self.loop.ended, self.last)
         if not closing and self.is_open():
             self.interest = POLLIN
             _ll.set_interest(self.h, POLLIN)
