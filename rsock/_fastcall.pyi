@@ -7,6 +7,17 @@ def sendall(sock_addr: int, data: Any, timeout_ms: int, /) -> int | None: ...
 def accept(
     listener_addr: int, timeout_ms: int, /
 ) -> int | tuple[int, int, tuple[Any, ...] | None, tuple[Any, ...] | None]: ...
+def connect(
+    sock_addr: int,
+    name: bytes,
+    bound: bytes | None,
+    family: int,
+    src: tuple[Any, ...],
+    dst: tuple[Any, ...],
+    timeout_ms: int,
+    /,
+) -> int: ...
+def socket() -> int: ...
 def bind(
     rsk_send_addr: int,
     rsk_recv_addr: int,
@@ -14,6 +25,8 @@ def bind(
     rsk_recv_done_addr: int = ...,
     rsk_free_addr: int = ...,
     rsk_accept_addr: int = ...,
+    rsk_connect_bound_addr: int = ...,
+    rsk_socket_addr: int = ...,
     /,
 ) -> None: ...
 

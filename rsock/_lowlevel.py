@@ -82,10 +82,10 @@ class Handle:
 
     __slots__ = ("ptr", "addr", "_owner")
 
-    def __init__(self, ptr: Any) -> None:
+    def __init__(self, ptr: Any, addr: int | None = None) -> None:
         self.ptr = ptr
         # the same pointer as an int, for rsock._fastcall
-        self.addr: int = int(ffi.cast("uintptr_t", ptr))
+        self.addr: int = int(ffi.cast("uintptr_t", ptr)) if addr is None else addr
         self._owner = _fastcall.Owner(self.addr)
 
 
@@ -224,11 +224,10 @@ def new() -> Handle:
         _install_wakeup()
     if not _heap_hinted:
         hint_heap()
-    out = ffi.new("rsk_sock **")
-    rc = lib.rsk_socket(out)
-    if rc < 0:
-        raise oserror(rc)
-    return Handle(out[0])
+    addr = _fastcall.socket()
+    if addr < 0:
+        raise oserror(addr)
+    return Handle(ffi.cast("rsk_sock *", addr), addr)
 
 
 def fileno(h: Handle) -> int:
@@ -332,14 +331,9 @@ def connect(
     timeout_ms: int,
 ) -> int:
     """Local connect to rendezvous ``name``; ``bound``: the name that holds
-    src's port meanwhile (-EADDRINUSE: taken)."""
-    s = ffi.new("struct rsk_addr *")
-    d = ffi.new("struct rsk_addr *")
-    _fill_addr(s, family, src[0], src[1], *(src[2:4] if len(src) >= 4 else (0, 0)))
-    _fill_addr(d, family, dst[0], dst[1], *(dst[2:4] if len(dst) >= 4 else (0, 0)))
-    if bound is None:
-        return int(lib.rsk_connect(h.ptr, name, len(name), s, d, timeout_ms))
-    return int(lib.rsk_connect_bound(h.ptr, name, len(name), bound, len(bound), s, d, timeout_ms))
+    src's port meanwhile (-EADDRINUSE: taken).  The addresses are numeric
+    (resolved), as the socket module's tuples."""
+    return _fastcall.connect(h.addr, name, bound, family, src, dst, timeout_ms)
 
 
 VF_LOOPBACK4 = int(lib.RSK_VF_LOOPBACK4)
@@ -406,7 +400,7 @@ def accept(
     if isinstance(r, int):
         return r, None, None, None
     rc, addr, peer, local = r
-    return rc, Handle(ffi.cast("rsk_sock *", addr)), peer, local
+    return rc, Handle(ffi.cast("rsk_sock *", addr), addr), peer, local
 
 
 def send(h: Handle, data: Any, nbytes: int, flags: int, timeout_ms: int) -> int:
@@ -455,7 +449,7 @@ def memmove(dst: Any, src: Any, n: int) -> None:
 _fastcall.bind(
     *(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
       for f in ("rsk_send", "rsk_recv", "rsk_recv_zc", "rsk_recv_done", "rsk_free",
-                "rsk_accept"))
+                "rsk_accept", "rsk_connect_bound", "rsk_socket"))
 )  # fmt: skip
 fast_send = _fastcall.send
 fast_sendall = _fastcall.sendall

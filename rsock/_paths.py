@@ -142,11 +142,26 @@ def _mapped_v4(host: str) -> str | None:
     return None if v4 is None else str(v4)
 
 
-def client_names(family: int, host: str, port: int) -> list[bytes]:
+# client_names per (family, host, port): a client of a server dials the same
+# few addresses again and again (a new connection per request)
+_names_cache: dict[tuple[int, str, int], tuple[bytes, ...]] = {}
+
+
+def client_names(family: int, host: str, port: int) -> tuple[bytes, ...]:
     """Rendezvous names a client tries for (host, port), most specific first.
     An IPv4-mapped address is IPv4 to the kernel: its listeners are the
     IPv4 ones (and dual-stack ones, which take the IPv4 wildcard's name),
     never an IPv6-only one."""
+    key = (family, host, port)
+    names = _names_cache.get(key)
+    if names is None:
+        if len(_names_cache) >= 256:
+            _names_cache.clear()
+        names = _names_cache[key] = tuple(_client_names(family, host, port))
+    return names
+
+
+def _client_names(family: int, host: str, port: int) -> list[bytes]:
     if family == _std.AF_INET6:
         v4 = _mapped_v4(host)
         if v4 is not None:

@@ -89,7 +89,8 @@ _MSG_PEEK = int(_std.MSG_PEEK)
 _MSG_WAITALL = int(_std.MSG_WAITALL)
 _MSG_DONTWAIT = int(_std.MSG_DONTWAIT)
 _MSG_SUPPORTED = _MSG_PEEK | _MSG_WAITALL | _MSG_DONTWAIT | int(_std.MSG_NOSIGNAL)
-_SOCK_FLAGS = getattr(_std, "SOCK_NONBLOCK", 0) | getattr(_std, "SOCK_CLOEXEC", 0)
+_SOCK_NONBLOCK = getattr(_std, "SOCK_NONBLOCK", 0)
+_SOCK_FLAGS = _SOCK_NONBLOCK | getattr(_std, "SOCK_CLOEXEC", 0)
 _SOL_SOCKET = int(_std.SOL_SOCKET)
 _SO_RCVBUF = int(_std.SO_RCVBUF)
 _SO_SNDBUF = int(_std.SO_SNDBUF)
@@ -543,38 +544,43 @@ def _kopt_get(
 class _Core:
     """What a socket and its ``dup()``s share: the engine handle, the kernel
     socket that reserves the address, and the connection state.  The handle
-    is closed when the last socket object referring to it is closed."""
+    is closed when the last socket object referring to it is closed.
 
-    __slots__ = (
-        "h",
-        "refs",
-        "lock",
-        "tcp",
-        "connected",
-        "listening",
-        "bound",
-        "peer",
-        "local",
-        "watch",
-        "detail",
-        "so_error",
-        "nb",
-        "nb_done",
-        "bufreq",
-        "ring_set",
-        "rv",
-        "shared",
-        "kopts",
-        "listen_addr",
-        "loop_fd",
-        "polled_fd",
-        "fd",
-        "forks",
-        "fd_block",
-        "inheritable",
-        "joined",
-        "closers",
-    )
+    (No ``__slots__``: the immutable defaults are the class's, so that a new
+    socket, made once per connection, sets only what it owns.)"""
+
+    # the kernel socket that reserves a bound or listening address (or
+    # carries the TCP path); made when first needed, never for an rsock
+    # client that connects unbound or an accepted connection
+    tcp: _std.socket | None = None
+    connected = False
+    listening = False
+    bound = False
+    peer: tuple[Any, ...] | None = None
+    local: tuple[Any, ...] | None = None
+    watch = 0  # _ll.WATCH_* bits turned on
+    detail = ""
+    so_error = 0  # a non-blocking connect's outcome, read by SO_ERROR
+    nb = 0  # _NB_*: a non-blocking connect reported EINPROGRESS
+    nb_done: threading.Event | None = None  # set when _NB_PENDING ends
+    ring_set = False  # ring size chosen by SO_RCVBUF/SNDBUF
+    shared = False  # rv (or the listener's fds) handed to another process
+    # a listener's own address (getsockname of its kernel socket), read at
+    # its first accept: it cannot change after listen()
+    listen_addr: tuple[Any, ...] | None = None
+    loop_fd = 0  # event-loop watches of fileno() (socket._loop_watches_fd)
+    # a poller (select, poll, epoll) asked for fileno() exact (_exact_fd)
+    polled_fd = False
+    fd = -1  # fileno(), once made (the same number for the handle's life)
+    forks = 0  # _forks when fileno() last asked the engine
+    # fileno()'s O_NONBLOCK flag is off (made on: _fd_mode); one flag for
+    # all dup()s, as a dup'd fd shares its file's
+    fd_block = False
+    # set_inheritable(True) on a listener: its kernel socket and
+    # rendezvous fds are inherited too, as they are made (adopt_inherited)
+    inheritable = False
+    # bind() joined another listener's rendezvous socket (SO_REUSEPORT)
+    joined = False
 
     def __init__(self, h: _ll.Handle, tcp: _std.socket | None) -> None:
         self.h = h
@@ -584,46 +590,16 @@ class _Core:
         # peer holds the same eventfd, so an epoll would keep reporting it)
         self.closers: list[Callable[[], None]] = []
         self.lock = threading.Lock()
-        # the kernel socket that reserves a bound or listening address (or
-        # carries the TCP path); made when first needed, never for an rsock
-        # client that connects unbound or an accepted connection
-        self.tcp = tcp
+        if tcp is not None:
+            self.tcp = tcp
         # kernel options set while there is no kernel socket, as the kernel
         # reads them back (_kopt_set); given to it when it is made
         self.kopts: dict[tuple[int, int], bytes] = {}
-        self.connected = False
-        self.listening = False
-        self.bound = False
-        self.peer: tuple[Any, ...] | None = None
-        self.local: tuple[Any, ...] | None = None
-        self.watch = 0  # _ll.WATCH_* bits turned on
-        self.detail = ""
-        self.so_error = 0  # a non-blocking connect's outcome, read by SO_ERROR
-        self.nb = 0  # _NB_*: a non-blocking connect reported EINPROGRESS
-        self.nb_done: threading.Event | None = None  # set when _NB_PENDING ends
         # ring sizes asked for with SO_RCVBUF / SO_SNDBUF (0: not set)
         self.bufreq = {_SO_RCVBUF: 0, _SO_SNDBUF: 0}
-        self.ring_set = False  # ring size chosen by SO_RCVBUF/SNDBUF
         # rendezvous fds bound ahead of listen() (a bound socket handed to
         # another process: _reduce_for_child), by name; listen() adopts them
         self.rv: dict[bytes, int] = {}
-        self.shared = False  # rv (or the listener's fds) handed to another process
-        # a listener's own address (getsockname of its kernel socket), read at
-        # its first accept: it cannot change after listen()
-        self.listen_addr: tuple[Any, ...] | None = None
-        self.loop_fd = 0  # event-loop watches of fileno() (socket._loop_watches_fd)
-        # a poller (select, poll, epoll) asked for fileno() exact (_exact_fd)
-        self.polled_fd = False
-        self.fd = -1  # fileno(), once made (the same number for the handle's life)
-        self.forks = 0  # _forks when fileno() last asked the engine
-        # fileno()'s O_NONBLOCK flag is off (made on: _fd_mode); one flag for
-        # all dup()s, as a dup'd fd shares its file's
-        self.fd_block = False
-        # set_inheritable(True) on a listener: its kernel socket and
-        # rendezvous fds are inherited too, as they are made (adopt_inherited)
-        self.inheritable = False
-        # bind() joined another listener's rendezvous socket (SO_REUSEPORT)
-        self.joined = False
 
     def acquire(self) -> None:
         with self.lock:
@@ -702,9 +678,7 @@ class socket:
         self._provider_name, opts = provider_config()
         self._closed = False
         self._io_refs = 0
-        self._timeout: float | None = _std.getdefaulttimeout()
-        if type & getattr(_std, "SOCK_NONBLOCK", 0):
-            self._timeout = 0.0
+        self._timeout: float | None = 0.0 if type & _SOCK_NONBLOCK else _std.getdefaulttimeout()
         h = _ll.new()
         self._core = _Core(h, None)  # no kernel socket until one is needed
         self._h = h
@@ -1622,7 +1596,7 @@ class socket:
     def _dial_names(
         self,
         h: _ll.Handle,
-        names: list[bytes],
+        names: tuple[bytes, ...],
         src: tuple[Any, ...],
         dst: tuple[Any, ...],
         bound: bytes | None,

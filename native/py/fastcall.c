@@ -31,12 +31,19 @@ typedef int (*done_fn)(void *s, size_t n);
 typedef void (*free_fn)(void *s);
 typedef int (*accept_fn)(void *s, int timeout_ms, void **out,
 			 struct rsk_addr *src, struct rsk_addr *dst);
+typedef int (*connect_bound_fn)(void *s, const char *name, size_t namelen,
+				const char *bound, size_t bound_len,
+				const struct rsk_addr *src,
+				const struct rsk_addr *dst, int timeout_ms);
+typedef int (*socket_fn)(void **out);
 
 static io_fn fn_send, fn_recv;
 static free_fn fn_free; /* rsk_free, for Owner */
 static zc_fn fn_recv_zc;   /* (optional: recv_bytes needs both) */
 static done_fn fn_recv_done;
 static accept_fn fn_accept; /* (optional: accept needs it) */
+static connect_bound_fn fn_connect_bound; /* (optional: connect needs it) */
+static socket_fn fn_socket; /* (optional: socket needs it) */
 
 static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
 		    void **s, int *timeout)
@@ -243,6 +250,124 @@ static PyObject *fc_accept(PyObject *self, PyObject *const *args,
 	return r;
 }
 
+/* An address as the socket module gives one, (host, port) or (host, port,
+ * flowinfo, scope_id) with a numeric host, into *a for family: 0, or -1
+ * with an exception set (the caller checked and resolved it already). */
+static int addr_fill(struct rsk_addr *a, int family, PyObject *t)
+{
+	const char *host;
+	long port;
+	unsigned long flow = 0, scope = 0;
+	Py_ssize_t n;
+
+	if (!PyTuple_Check(t)) {
+		PyErr_SetString(PyExc_TypeError, "address must be a tuple");
+		return -1;
+	}
+	n = PyTuple_GET_SIZE(t);
+	if (n < 2 || n > 4) {
+		PyErr_SetString(PyExc_TypeError, "address must have 2 to 4 items");
+		return -1;
+	}
+	host = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 0));
+	if (!host)
+		return -1;
+	port = PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+	if (port == -1 && PyErr_Occurred())
+		return -1;
+	if (n >= 3) {
+		flow = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 2));
+		if (flow == (unsigned long)-1 && PyErr_Occurred())
+			return -1;
+	}
+	if (n == 4) {
+		scope = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(t, 3));
+		if (scope == (unsigned long)-1 && PyErr_Occurred())
+			return -1;
+	}
+	if (port < 0 || port > 65535 || flow > UINT32_MAX || scope > UINT32_MAX) {
+		PyErr_SetString(PyExc_OverflowError, "address field out of range");
+		return -1;
+	}
+	memset(a, 0, sizeof(*a));
+	if ((family != AF_INET && family != AF_INET6) ||
+	    inet_pton(family, host, a->addr) != 1) {
+		PyErr_SetString(PyExc_ValueError, "not a numeric address");
+		return -1;
+	}
+	a->family = (uint16_t)family;
+	a->port = (uint16_t)port;
+	a->flowinfo = (uint32_t)flow;
+	a->scope_id = (uint32_t)scope;
+	return 0;
+}
+
+/* connect(sock_addr, name, bound, family, src, dst, timeout_ms) ->
+ * rsk_connect_bound's result (rsk_connect's when bound is None): the
+ * addresses as the socket module's tuples, numeric; one call for what
+ * took two cffi allocations and two address conversions in Python per
+ * connection. */
+static PyObject *fc_connect(PyObject *self, PyObject *const *args,
+			    Py_ssize_t nargs)
+{
+	struct rsk_addr src, dst;
+	char *name, *bound = NULL;
+	Py_ssize_t namelen, boundlen = 0;
+	long family;
+	void *s;
+	int timeout, rc;
+
+	(void)self;
+	if (nargs != 7) {
+		PyErr_SetString(PyExc_TypeError, "connect expects 7 arguments");
+		return NULL;
+	}
+	{
+		PyObject *a[3] = { args[0], args[0], args[6] };
+
+		if (get_args(a, 3, "connect", &s, &timeout))
+			return NULL;
+	}
+	if (!fn_connect_bound) {
+		PyErr_SetString(PyExc_RuntimeError, "rsock._fastcall not bound");
+		return NULL;
+	}
+	if (PyBytes_AsStringAndSize(args[1], &name, &namelen) < 0)
+		return NULL;
+	if (args[2] != Py_None &&
+	    PyBytes_AsStringAndSize(args[2], &bound, &boundlen) < 0)
+		return NULL;
+	family = PyLong_AsLong(args[3]);
+	if (family == -1 && PyErr_Occurred())
+		return NULL;
+	if (addr_fill(&src, (int)family, args[4]) ||
+	    addr_fill(&dst, (int)family, args[5]))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = fn_connect_bound(s, name, (size_t)namelen, bound, (size_t)boundlen,
+			      &src, &dst, timeout);
+	Py_END_ALLOW_THREADS
+	return PyLong_FromLong(rc);
+}
+
+/* socket() -> rsk_socket's -errno, or the new rsk_sock's address */
+static PyObject *fc_socket(PyObject *self, PyObject *unused)
+{
+	void *out = NULL;
+	int rc;
+
+	(void)self;
+	(void)unused;
+	if (!fn_socket) {
+		PyErr_SetString(PyExc_RuntimeError, "rsock._fastcall not bound");
+		return NULL;
+	}
+	rc = fn_socket(&out);
+	if (rc < 0)
+		return PyLong_FromLong(rc);
+	return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)out);
+}
+
 /* rsk_send on data; all: None when it took all of data */
 static PyObject *fc_send_common(PyObject *const *args, Py_ssize_t nargs,
 				const char *name, int all)
@@ -275,17 +400,19 @@ static PyObject *fc_sendall(PyObject *self, PyObject *const *args,
 }
 
 /* bind(send_addr, recv_addr[, recv_zc_addr, recv_done_addr[, free_addr[,
- * accept_addr]]]): the engine's entry points */
+ * accept_addr[, connect_bound_addr, socket_addr]]]]): the engine's entry
+ * points */
 static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 			 Py_ssize_t nargs)
 {
-	unsigned long long a[6] = { 0, 0, 0, 0, 0, 0 };
+	unsigned long long a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
 	Py_ssize_t i;
 
 	(void)self;
-	if (nargs != 2 && nargs != 4 && nargs != 5 && nargs != 6) {
+	if (nargs != 2 && nargs != 4 && nargs != 5 && nargs != 6 &&
+	    nargs != 8) {
 		PyErr_SetString(PyExc_TypeError,
-				"bind expects 2, 4, 5 or 6 arguments");
+				"bind expects 2, 4, 5, 6 or 8 arguments");
 		return NULL;
 	}
 	for (i = 0; i < nargs; i++) {
@@ -305,8 +432,12 @@ static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 	}
 	if (nargs >= 5)
 		fn_free = (free_fn)(uintptr_t)a[4];
-	if (nargs == 6)
+	if (nargs >= 6)
 		fn_accept = (accept_fn)(uintptr_t)a[5];
+	if (nargs == 8) {
+		fn_connect_bound = (connect_bound_fn)(uintptr_t)a[6];
+		fn_socket = (socket_fn)(uintptr_t)a[7];
+	}
 	Py_RETURN_NONE;
 }
 
@@ -374,9 +505,15 @@ static PyMethodDef fc_methods[] = {
 	  "sendall(sock_addr, data, timeout_ms) -> None or rsk_send result" },
 	{ "accept", (PyCFunction)(void (*)(void))fc_accept, METH_FASTCALL,
 	  "accept(listener_addr, timeout_ms) -> -errno or (rc, sock_addr, peer, local)" },
+	{ "connect", (PyCFunction)(void (*)(void))fc_connect, METH_FASTCALL,
+	  "connect(sock_addr, name, bound, family, src, dst, timeout_ms) -> "
+	  "rsk_connect_bound result" },
+	{ "socket", (PyCFunction)fc_socket, METH_NOARGS,
+	  "socket() -> -errno or the new rsk_sock's address" },
 	{ "bind", (PyCFunction)(void (*)(void))fc_bind, METH_FASTCALL,
 	  "bind(rsk_send_addr, rsk_recv_addr[, rsk_recv_zc_addr, rsk_recv_done_addr"
-	  "[, rsk_free_addr[, rsk_accept_addr]]])" },
+	  "[, rsk_free_addr[, rsk_accept_addr[, rsk_connect_bound_addr,"
+	  " rsk_socket_addr]]]])" },
 	{ NULL, NULL, 0, NULL },
 };
 
