@@ -6,7 +6,7 @@ def send(sock_addr: int, data: Any, timeout_ms: int, /) -> int: ...
 def sendall(sock_addr: int, data: Any, timeout_ms: int, /) -> int | None: ...
 def accept(
     listener_addr: int, timeout_ms: int, /
-) -> int | tuple[int, int, tuple[Any, ...] | None, tuple[Any, ...] | None]: ...
+) -> int | tuple[int, int, tuple[Any, ...] | None, tuple[Any, ...] | None, str]: ...
 def connect(
     sock_addr: int,
     name: bytes,
@@ -27,6 +27,7 @@ def bind(
     rsk_accept_addr: int = ...,
     rsk_connect_bound_addr: int = ...,
     rsk_socket_addr: int = ...,
+    rsk_provider_addr: int = ...,
     /,
 ) -> None: ...
 

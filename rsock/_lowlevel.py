@@ -321,21 +321,6 @@ def listen(h: Handle, name: bytes, backlog: int) -> int:
     return int(lib.rsk_listen(h.ptr, name, len(name), backlog))
 
 
-def connect(
-    h: Handle,
-    name: bytes,
-    family: int,
-    src: tuple[Any, ...],
-    dst: tuple[Any, ...],
-    bound: bytes | None,
-    timeout_ms: int,
-) -> int:
-    """Local connect to rendezvous ``name``; ``bound``: the name that holds
-    src's port meanwhile (-EADDRINUSE: taken).  The addresses are numeric
-    (resolved), as the socket module's tuples."""
-    return _fastcall.connect(h.addr, name, bound, family, src, dst, timeout_ms)
-
-
 VF_LOOPBACK4 = int(lib.RSK_VF_LOOPBACK4)
 VF_LOOPBACK6 = int(lib.RSK_VF_LOOPBACK6)
 
@@ -391,16 +376,18 @@ def provider(h: Handle) -> str:
     return str(ffi.string(lib.rsk_provider(h.ptr)).decode())
 
 
-def accept(
-    h: Handle, timeout_ms: int
-) -> tuple[int, Handle | None, tuple[Any, ...] | None, tuple[Any, ...] | None]:
-    """(rc, handle, peer address, local address the peer dialed; each
-    address None if the peer announced no valid one)."""
+Accepted = tuple[Handle, "tuple[Any, ...] | None", "tuple[Any, ...] | None", str]
+
+
+def accept(h: Handle, timeout_ms: int) -> int | Accepted:
+    """rsk_accept's -errno, or (handle, peer address, local address the
+    peer dialed, provider); each address None if the peer announced no
+    valid one."""
     r = _fastcall.accept(h.addr, timeout_ms)
     if isinstance(r, int):
-        return r, None, None, None
-    rc, addr, peer, local = r
-    return rc, Handle(ffi.cast("rsk_sock *", addr), addr), peer, local
+        return r
+    _, addr, peer, local, provider = r
+    return Handle(ffi.cast("rsk_sock *", addr), addr), peer, local, provider
 
 
 def send(h: Handle, data: Any, nbytes: int, flags: int, timeout_ms: int) -> int:
@@ -449,9 +436,13 @@ def memmove(dst: Any, src: Any, n: int) -> None:
 _fastcall.bind(
     *(int(ffi.cast("uintptr_t", ffi.addressof(lib, f)))
       for f in ("rsk_send", "rsk_recv", "rsk_recv_zc", "rsk_recv_done", "rsk_free",
-                "rsk_accept", "rsk_connect_bound", "rsk_socket"))
+                "rsk_accept", "rsk_connect_bound", "rsk_socket", "rsk_provider"))
 )  # fmt: skip
 fast_send = _fastcall.send
+# Local connect (Handle.addr, rendezvous name, the name that holds src's port
+# meanwhile or None, family, src, dst, timeout_ms): the addresses numeric
+# (resolved), as the socket module's tuples; -EADDRINUSE: bound is taken
+fast_connect = _fastcall.connect
 fast_sendall = _fastcall.sendall
 fast_recv_into = _fastcall.recv_into
 fast_recv_bytes = _fastcall.recv_bytes  # readable bytes (up to n) as one bytes object

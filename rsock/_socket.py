@@ -700,7 +700,12 @@ class socket:
 
     @classmethod
     def _accepted(
-        cls, parent: socket, h: _ll.Handle, peer: tuple[Any, ...], local: tuple[Any, ...]
+        cls,
+        parent: socket,
+        h: _ll.Handle,
+        peer: tuple[Any, ...],
+        local: tuple[Any, ...],
+        provider: str,
     ) -> socket:
         self = cls.__new__(cls)
         core = _Core(h, None)
@@ -709,7 +714,8 @@ class socket:
         core.peer = peer
         core.local = local
         self._init_from(parent, h, core)
-        self._provider_name = _ll.provider(h) or self._provider_name
+        if provider:
+            self._provider_name = provider
         return self
 
     def _on_tcp(self, k: _std.socket) -> socket:
@@ -1468,12 +1474,14 @@ class socket:
         if not self._core.listening:
             raise OSError(_errno.EINVAL, "Invalid argument")
         timeout, deadline = (0.0, None) if nowait else self._clock()
-        peer: tuple[Any, ...] | None = None
-        local: tuple[Any, ...] | None = None
         while True:
-            rc, nh, peer, local = self._attempt(_ll.accept, h, (), timeout, deadline)
-            if rc >= 0:
+            r = _ll.accept(h, _timeout_ms(timeout, deadline))
+            if not isinstance(r, int):
+                nh, peer, local, provider = r
                 break
+            rc = r
+            if rc == _EINTR:
+                continue  # again while interrupted (as _attempt: PEP 475)
             if rc == -_errno.EAGAIN and nowait:
                 return None
             if rc == -_errno.EXDEV:
@@ -1491,14 +1499,13 @@ class socket:
                 _tally("accept:tcp")
                 return self._on_tcp(conn), addr
             raise self._fail(rc, timeout, detail=False)
-        assert nh is not None
         global last_accept_ns
         last_accept_ns = time.monotonic_ns()
         mine = self._core.listen_addr
         if mine is None:
             mine = self._core.listen_addr = self._reserve().getsockname()
         peer, local = _paths.accepted_addrs(self._family, mine, peer, local)
-        sock = socket._accepted(self, nh, peer, local)
+        sock = socket._accepted(self, nh, peer, local, provider)
         _tally(f"accept:{sock._provider_name}")
         if _std.getdefaulttimeout() is None and self.gettimeout():
             sock.setblocking(True)
@@ -1606,9 +1613,13 @@ class socket:
         """Tries the rendezvous names in turn (the next one only while the
         last refused): the engine's result."""
         rc = -_errno.ECONNREFUSED
+        fam, addr = self._family, h.addr
         for name in names:
-            args = (name, self._family, src, dst, bound)
-            rc = self._attempt(_ll.connect, h, args, timeout, deadline)
+            while True:  # again while interrupted (as _attempt: PEP 475)
+                ms = _timeout_ms(timeout, deadline)
+                rc = _ll.fast_connect(addr, name, bound, fam, src, dst, ms)
+                if rc != _EINTR:
+                    break
             if rc != -_errno.ECONNREFUSED:
                 break
         return rc

@@ -36,6 +36,7 @@ typedef int (*connect_bound_fn)(void *s, const char *name, size_t namelen,
 				const struct rsk_addr *src,
 				const struct rsk_addr *dst, int timeout_ms);
 typedef int (*socket_fn)(void **out);
+typedef const char *(*provider_fn)(void *s);
 
 static io_fn fn_send, fn_recv;
 static free_fn fn_free; /* rsk_free, for Owner */
@@ -44,6 +45,7 @@ static done_fn fn_recv_done;
 static accept_fn fn_accept; /* (optional: accept needs it) */
 static connect_bound_fn fn_connect_bound; /* (optional: connect needs it) */
 static socket_fn fn_socket; /* (optional: socket needs it) */
+static provider_fn fn_provider; /* (optional: accept names the provider) */
 
 static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
 		    void **s, int *timeout)
@@ -205,7 +207,7 @@ static PyObject *addr_tuple(const struct rsk_addr *a)
 
 /* accept(listener_addr, timeout_ms) -> rsk_accept's -errno, or (rc,
  * new_sock_addr, peer address or None, local address the peer dialed or
- * None): one call for what took four cffi allocations and two address
+ * None, the connection's provider as rsk_provider names it): one call for what took four cffi allocations and two address
  * conversions in Python per accepted connection. */
 static PyObject *fc_accept(PyObject *self, PyObject *const *args,
 			   Py_ssize_t nargs)
@@ -239,9 +241,9 @@ static PyObject *fc_accept(PyObject *self, PyObject *const *args,
 		return PyLong_FromLong(rc);
 	peer = addr_tuple(&src);
 	local = peer ? addr_tuple(&dst) : NULL;
-	r = local ? Py_BuildValue("(iKOO)", rc,
+	r = local ? Py_BuildValue("(iKOOs)", rc,
 				  (unsigned long long)(uintptr_t)out, peer,
-				  local)
+				  local, fn_provider ? fn_provider(out) : "")
 		  : NULL;
 	Py_XDECREF(peer);
 	Py_XDECREF(local);
@@ -400,19 +402,19 @@ static PyObject *fc_sendall(PyObject *self, PyObject *const *args,
 }
 
 /* bind(send_addr, recv_addr[, recv_zc_addr, recv_done_addr[, free_addr[,
- * accept_addr[, connect_bound_addr, socket_addr]]]]): the engine's entry
- * points */
+ * accept_addr[, connect_bound_addr, socket_addr, provider_addr]]]]): the
+ * engine's entry points */
 static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 			 Py_ssize_t nargs)
 {
-	unsigned long long a[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+	unsigned long long a[9] = { 0, 0, 0, 0, 0, 0, 0, 0, 0 };
 	Py_ssize_t i;
 
 	(void)self;
 	if (nargs != 2 && nargs != 4 && nargs != 5 && nargs != 6 &&
-	    nargs != 8) {
+	    nargs != 9) {
 		PyErr_SetString(PyExc_TypeError,
-				"bind expects 2, 4, 5, 6 or 8 arguments");
+				"bind expects 2, 4, 5, 6 or 9 arguments");
 		return NULL;
 	}
 	for (i = 0; i < nargs; i++) {
@@ -434,9 +436,10 @@ static PyObject *fc_bind(PyObject *self, PyObject *const *args,
 		fn_free = (free_fn)(uintptr_t)a[4];
 	if (nargs >= 6)
 		fn_accept = (accept_fn)(uintptr_t)a[5];
-	if (nargs == 8) {
+	if (nargs == 9) {
 		fn_connect_bound = (connect_bound_fn)(uintptr_t)a[6];
 		fn_socket = (socket_fn)(uintptr_t)a[7];
+		fn_provider = (provider_fn)(uintptr_t)a[8];
 	}
 	Py_RETURN_NONE;
 }
@@ -504,7 +507,7 @@ static PyMethodDef fc_methods[] = {
 	{ "sendall", (PyCFunction)(void (*)(void))fc_sendall, METH_FASTCALL,
 	  "sendall(sock_addr, data, timeout_ms) -> None or rsk_send result" },
 	{ "accept", (PyCFunction)(void (*)(void))fc_accept, METH_FASTCALL,
-	  "accept(listener_addr, timeout_ms) -> -errno or (rc, sock_addr, peer, local)" },
+	  "accept(listener_addr, timeout_ms) -> -errno or (rc, sock_addr, peer, local, provider)" },
 	{ "connect", (PyCFunction)(void (*)(void))fc_connect, METH_FASTCALL,
 	  "connect(sock_addr, name, bound, family, src, dst, timeout_ms) -> "
 	  "rsk_connect_bound result" },
@@ -513,7 +516,7 @@ static PyMethodDef fc_methods[] = {
 	{ "bind", (PyCFunction)(void (*)(void))fc_bind, METH_FASTCALL,
 	  "bind(rsk_send_addr, rsk_recv_addr[, rsk_recv_zc_addr, rsk_recv_done_addr"
 	  "[, rsk_free_addr[, rsk_accept_addr[, rsk_connect_bound_addr,"
-	  " rsk_socket_addr]]]])" },
+	  " rsk_socket_addr, rsk_provider_addr]]]])" },
 	{ NULL, NULL, 0, NULL },
 };
 
