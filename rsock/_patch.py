@@ -499,7 +499,7 @@ _OPENSSL_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 # trio: its socket wrapper takes only ``type(sock) is socket.socket``
 _TRIO_METHODS: dict[str, dict[str, tuple[str, ...]]] = {
-    "trio._socket": {"_SocketType": ("__init__",)},
+    "trio._socket": {"_SocketType": ("__init__", "close")},
 }
 # trio's run sets Python's signal wakeup fd and warns if one was set
 _TRIO_WAKEUP: dict[str, dict[str, tuple[str, ...]]] = {
@@ -2240,6 +2240,26 @@ def _wrap_trio_socket_init(original: Any) -> Callable[..., Any]:
     return __init__
 
 
+def _wrap_trio_socket_close(original: Any) -> Callable[..., Any]:
+    """trio's close asks the socket's fileno() (is it open?) and tells its
+    IO manager the fd closes (notify_closing: its waiters wake, its epoll
+    forgets it).  An open rsock connection whose fileno() nobody asked for
+    has nobody waiting on it and nothing in any epoll: closed at once,
+    without a stand-in fd made only to be closed (three system calls and
+    the IO manager's bookkeeping per connection; a trio client's reply is
+    usually there when it reads, so it never waits on the fd)."""
+
+    @_wraps(original)
+    def close(self: Any) -> None:
+        sock = getattr(self, "_sock", None)
+        if type(sock) is _rs.socket and not sock._fileno_made():
+            sock.close()
+            return
+        original(self)
+
+    return close
+
+
 def _wrap_trio_wakeup_on_signals(original: Any) -> Callable[..., Any]:
     """trio.run makes its socketpair Python's signal wakeup fd, and warns
     ("might have collided with another library") if one was set: rsock's
@@ -2702,6 +2722,7 @@ def _wrap_trio_io_close(original: Any) -> Callable[..., Any]:
 # keyed by method name, or "Class.name" where two hooked classes share a name
 _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "__init__": _wrap_trio_socket_init,
+    "_SocketType.close": _wrap_trio_socket_close,
     "Connection.__init__": _wrap_openssl_connection_init,
     "wakeup_on_signals": _wrap_trio_wakeup_on_signals,
     "WakeupSocketpair.close": _wrap_trio_wakeup_close,
