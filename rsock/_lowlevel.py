@@ -439,13 +439,13 @@ _fastcall.bind(
                 "rsk_accept", "rsk_connect_bound", "rsk_socket", "rsk_provider"))
 )  # fmt: skip
 fast_send = _fastcall.send
+fast_sendall = _fastcall.sendall
+fast_recv_into = _fastcall.recv_into
+fast_recv_bytes = _fastcall.recv_bytes  # readable bytes (up to n) as one bytes object
 # Local connect (Handle.addr, rendezvous name, the name that holds src's port
 # meanwhile or None, family, src, dst, timeout_ms): the addresses numeric
 # (resolved), as the socket module's tuples; -EADDRINUSE: bound is taken
 fast_connect = _fastcall.connect
-fast_sendall = _fastcall.sendall
-fast_recv_into = _fastcall.recv_into
-fast_recv_bytes = _fastcall.recv_bytes  # readable bytes (up to n) as one bytes object
 
 
 def release(*bufs: Any) -> None:

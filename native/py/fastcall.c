@@ -207,8 +207,9 @@ static PyObject *addr_tuple(const struct rsk_addr *a)
 
 /* accept(listener_addr, timeout_ms) -> rsk_accept's -errno, or (rc,
  * new_sock_addr, peer address or None, local address the peer dialed or
- * None, the connection's provider as rsk_provider names it): one call for what took four cffi allocations and two address
- * conversions in Python per accepted connection. */
+ * None, the connection's provider as rsk_provider names it): one call for
+ * what took four cffi allocations, two address conversions and a cffi
+ * call with a decode in Python per accepted connection. */
 static PyObject *fc_accept(PyObject *self, PyObject *const *args,
 			   Py_ssize_t nargs)
 {
