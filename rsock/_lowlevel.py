@@ -371,11 +371,6 @@ def conn_addrs(h: Handle) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | Non
     return (la[1] if la else None), (pa[1] if pa else None)
 
 
-def provider(h: Handle) -> str:
-    """"shm" or "verbs" for a connection, "" otherwise."""
-    return str(ffi.string(lib.rsk_provider(h.ptr)).decode())
-
-
 Accepted = tuple[Handle, "tuple[Any, ...] | None", "tuple[Any, ...] | None", str]
 
 
