@@ -59,6 +59,7 @@ import errno
 import functools
 import importlib.abc
 import importlib.machinery
+import itertools
 import operator
 import os
 import select
@@ -515,6 +516,7 @@ _TRIO_IO: dict[str, dict[str, tuple[str, ...]]] = {
             "close",
             "wait_writable",
             "get_events",
+            "_epoll_wait",
         ),
     },
 }
@@ -2244,15 +2246,22 @@ def _wrap_trio_socket_close(original: Any) -> Callable[..., Any]:
     """trio's close asks the socket's fileno() (is it open?) and tells its
     IO manager the fd closes (notify_closing: its waiters wake, its epoll
     forgets it).  An open rsock connection whose fileno() nobody asked for
-    has nobody waiting on it and nothing in any epoll: closed at once,
-    without a stand-in fd made only to be closed (three system calls and
-    the IO manager's bookkeeping per connection; a trio client's reply is
-    usually there when it reads, so it never waits on the fd)."""
+    is in no epoll of trio's by that number: closed at once (its waiters,
+    known by its key, woken first), without a stand-in fd made only to be
+    closed (three system calls and the IO manager's bookkeeping per
+    connection)."""
 
     @_wraps(original)
     def close(self: Any) -> None:
         sock = getattr(self, "_sock", None)
         if type(sock) is _rs.socket and not sock._fileno_made():
+            if sock._trio_key:  # waited on by its key: those waiters wake first
+                from trio import lowlevel
+
+                try:
+                    lowlevel.notify_closing(sock)
+                except RuntimeError:  # (outside trio.run: nobody waits)
+                    pass
             sock.close()
             return
         original(self)
@@ -2294,24 +2303,32 @@ def _wrap_trio_wakeup_close(original: Any) -> Callable[..., Any]:
 # trio waits for a socket with its own epoll (EpollIOManager: EPOLLONESHOT,
 # one epoll_ctl per wait) on fileno(), which the engine's watcher thread
 # keeps exact: one thread wake-up more per event (trio's round trips ran at
-# 0.75-0.8x TCP's).  Instead, the fileno() of an rsock connection is routed
-# to its notify and liveness fds, registered once in trio's epoll
+# 0.75-0.8x TCP's).  Instead, a wait on an rsock connection is routed to its
+# notify and liveness fds, registered once in trio's epoll
 # (level-triggered); the engine keeps the notify fd readable while the
 # connection is ready for what trio's tasks wait for, and the events of those
 # two fds wake the tasks (their _TrioLoop, consulted first by process_events).
 # trio's own bookkeeping (``_registered``: a reader and a writer per fd,
-# BusyResourceError, notify_closing, statistics) stays as it is, keyed by the
-# fileno().  The route ends at notify_closing (trio's close), when the socket
-# is found closed, when the run's manager closes, and at unpatch; fileno() is
-# exact again then.
+# BusyResourceError, notify_closing, statistics) stays as it is, keyed by an
+# int: the fileno() if one was made, else a key of the connection's own
+# (negative, so it never names an fd: a wait on the socket object makes no
+# stand-in fd, which cost a socket() and a close per connection).  A route
+# goes into the epoll only when trio is about to sleep with it still waiting
+# (the busy poll first, as _Epoll's routes): a reply that comes within the
+# poll costs no epoll_ctl and no wake-up write by the peer.  The route ends
+# at notify_closing (trio's close), when the socket is found closed, when the
+# run's manager closes, and at unpatch; fileno() is exact again then.
 
 
 class _TrioLoop:
-    """One trio run's routes: its IO manager, and the notify and liveness
-    fds its routes registered in its epoll (level-triggered, each once per
-    connection), which ``process_events`` hands to their route first."""
+    """One trio run's routes: its IO manager, the notify and liveness fds
+    its routes registered in its epoll (level-triggered, each once per
+    connection), which ``process_events`` hands to their route first, and
+    the routes a task waits on that are not in the epoll yet."""
 
-    __slots__ = ("io", "reschedule", "ep", "fds", "waiting", "thread", "spins", "ended")
+    __slots__ = (
+        "io", "reschedule", "ep", "fds", "waiting", "unarmed", "thread", "spins", "ended",
+    )  # fmt: skip
 
     def __init__(self, io: Any) -> None:
         from trio import lowlevel
@@ -2323,11 +2340,13 @@ class _TrioLoop:
         self.fds: dict[int, _TrioRoute] = {}
         # the routes a task waits on (an insertion-ordered set)
         self.waiting: dict[_TrioRoute, None] = {}
+        # ... of those, the ones not in the epoll yet (arm_all puts them in)
+        self.unarmed: dict[_TrioRoute, None] = {}
         self.thread = threading.get_ident()  # (the run's: get_events may run elsewhere)
         self.spins = 0  # waits the poller ended (tests read it)
         self.ended = 0  # the last activity of a route that ended (see _spins)
 
-    def poll(self, timeout: float) -> list[tuple[int, int]] | None:
+    def poll(self, timeout: float) -> list[tuple[Any, int]] | None:
         """trio is about to sleep up to ``timeout`` s: while a connection a
         task waits on was active within ``RSOCK_LOOP_POLL_US``, busy-poll
         those rings first (25 µs at a time, the GIL released, trio's own
@@ -2339,7 +2358,7 @@ class _TrioLoop:
         for ready in _spins(routes, timeout, _POLL_SLICE_US, self.ended):
             if ready:
                 self.spins += 1
-                return [(r.nfd, select.EPOLLIN) for r in ready]
+                return [(r, select.EPOLLIN) for r in ready]
             events = self.ep.poll(0, max(1, len(self.io._registered)))
             if events:
                 self.spins += 1
@@ -2348,9 +2367,22 @@ class _TrioLoop:
             self.ended = 0
         return None
 
+    def unarmed_ready(self) -> list[tuple[Any, int]]:
+        """The routes not in the epoll whose connection is ready (the
+        engine's answer, no system call), as events for process_events."""
+        return [(r, select.EPOLLIN) for r in list(self.unarmed) if r.is_ready()]
+
+    def arm_all(self) -> None:
+        """Every waited route's fds into the epoll (trio is about to sleep)."""
+        while self.unarmed:
+            route = next(iter(self.unarmed))
+            del self.unarmed[route]
+            route.arm()
+
 
 class _TrioRoute(_ConnRoute):
-    """One rsock connection's fileno() in one trio run's IO manager: the
+    """One rsock connection waited on in one trio run's IO manager (under
+    ``key``, the int trio's bookkeeping knows it by): once armed, the
     connection's notify fd (readable while the connection is ready for
     what trio's tasks wait for: the engine's interest) and liveness fd in
     trio's epoll.  It holds the socket weakly (trio's waits hold nothing
@@ -2362,20 +2394,20 @@ class _TrioRoute(_ConnRoute):
     layers: trio waits and wakes once per call, per connection.)"""
 
     __slots__ = (
-        "loop", "fd", "sock", "h", "nfd", "lfd", "interest", "reading", "live", "last",
+        "loop", "fd", "sock", "h", "nfd", "lfd", "interest", "armed", "reading", "live", "last",
     )  # fmt: skip
 
-    def __init__(self, loop: _TrioLoop, fd: int, sock: _rs.socket) -> None:
+    def __init__(self, loop: _TrioLoop, key: int, sock: _rs.socket) -> None:
         h = sock._h
-        if h is None:
-            raise _ll.oserror(-errno.EBADF)
-        sock._watch(_ll.WATCH_NOTIFY)
-        self.nfd, self.lfd = _ll.notify_fds(h)  # OSError: not a connection (yet)
+        if h is None or not sock._core.connected:
+            raise _ll.oserror(-errno.ENOTCONN)  # (not connected yet: trio's own way)
         self.loop = loop
-        self.fd = fd
+        self.fd = key
         self.h = h
         self.sock = weakref.ref(sock)
+        self.nfd = self.lfd = -1  # (arm: the engine's, in the epoll)
         self.interest = -1  # the engine's, as set here (-1: never)
+        self.armed = False  # arm() ran (its fds went in, or the socket had closed)
         self.reading = False  # nfd in the epoll
         self.live = False  # lfd in the epoll
         self.last = time.monotonic_ns()  # last woke a task (the poller's tempo)
@@ -2403,6 +2435,33 @@ class _TrioRoute(_ConnRoute):
             except OSError:  # closed already (then it left the epoll)
                 pass
 
+    def is_ready(self) -> bool:
+        """Is the connection ready for what its tasks wait for (or closed)?"""
+        if not self.is_open():
+            return True
+        return bool(_ll.poll(self.h) & (self.interest | _ll.POLLERR | _ll.POLLHUP))
+
+    def arm(self) -> None:
+        """The connection's notify and liveness fds into trio's epoll (the
+        engine keeps the notify fd readable while the connection is ready
+        for the route's interest, from now on)."""
+        if self.armed:
+            return
+        self.armed = True
+        sock = self.sock()
+        try:
+            if sock is None or sock._h is not self.h:
+                raise _ll.oserror(-errno.EBADF)
+            sock._watch(_ll.WATCH_NOTIFY)
+            self.nfd, self.lfd = _ll.notify_fds(self.h)
+        except OSError:
+            return  # closed meanwhile: its close ends the route
+        self._add(self.nfd)
+        self.reading = True
+        if self.lfd >= 0:
+            self._add(self.lfd)
+            self.live = True
+
     def update(self, waiters: Any) -> bool:
         """The engine's interest as trio's waiters of the fd want; whether
         anyone waits.  With no one left, POLLIN is kept (a reader usually
@@ -2411,35 +2470,41 @@ class _TrioRoute(_ConnRoute):
         interest = (POLLIN if waiters.read_task is not None else 0) | (
             POLLOUT if waiters.write_task is not None else 0
         )
+        loop = self.loop
         if not interest:
-            self.loop.waiting.pop(self, None)
+            loop.waiting.pop(self, None)
+            loop.unarmed.pop(self, None)
             self._interest(self.interest & POLLIN if self.interest > 0 else 0)
             return False
-        self.loop.waiting[self] = None
+        loop.waiting[self] = None
         self._interest(interest)
-        if not self.reading:
-            self._add(self.nfd)
+        if not self.armed:
+            loop.unarmed[self] = None
+        elif not self.reading and self.nfd >= 0:
+            self._add(self.nfd)  # (left the epoll when the connection ended)
             self.reading = True
-        if not self.live and self.lfd >= 0:
-            self._add(self.lfd)
-            self.live = True
         return True
 
     def fired(self, fd: int) -> bool:
-        """One of the route's fds was reported: wake trio's waiters; False
-        if the socket is closed (its fds closed with it: their numbers are
-        not the route's any more, the event is trio's)."""
+        """One of the route's fds was reported (-1: the busy poll found the
+        connection ready): wake trio's waiters; False if the socket is
+        closed (its fds closed with it: their numbers are not the route's
+        any more, the event is trio's)."""
         if not self.is_open():
             fds = self.loop.fds
             for f in (self.nfd, self.lfd):
-                if fds.get(f) is self:
+                if f >= 0 and fds.get(f) is self:
                     fds.pop(f, None)
             self.loop.waiting.pop(self, None)
+            self.loop.unarmed.pop(self, None)
             self.loop.ended = max(self.loop.ended, self.last)
             self.reading = self.live = False
-            return False
+            if fd >= 0:
+                return False
+            self.ready()  # (the busy poll's find: its waiters wake, as a closed fd's)
+            return True
         self.ready()
-        if fd == self.lfd and self.live:
+        if fd >= 0 and fd == self.lfd and self.live:
             # 0: not gone yet (a FIN may still come: verbs' CM hang-up can
             # overtake the last completions); the engine makes the fd
             # readable again when that grace ends, so it stays registered
@@ -2491,8 +2556,10 @@ class _TrioRoute(_ConnRoute):
         if self.live:
             self._remove(self.lfd)
             self.live = False
-        self.loop.waiting.pop(self, None)
-        self.loop.ended = max(self.loop.ended, self.last)
+        loop = self.loop
+        loop.waiting.pop(self, None)
+        loop.unarmed.pop(self, None)
+        loop.ended = max(loop.ended, self.last)
         if not closing and self.is_open():
             self.interest = POLLIN
             _ll.set_interest(self.h, POLLIN)
@@ -2519,11 +2586,26 @@ _trio_routes: dict[tuple[int, int], _TrioRoute | _TrioNative] = {}
 _trio_lock = threading.Lock()
 
 
+def _trio_loop(io: Any) -> _TrioLoop:
+    loop = _trio_loops.get(id(io))
+    if loop is None or loop.io is not io:
+        loop = _trio_loops[id(io)] = _TrioLoop(io)
+    return loop
+
+
 def _trio_route(io: Any, fd: int) -> _TrioRoute | None:
     """The route of ``fd`` in ``io``, made now if it is an rsock connection's
-    fileno() (None: trio's own way)."""
+    fileno() (None: trio's own way).  A negative ``fd`` is a connection's
+    own key (``_trio_wait_key``): its route while the connection is open."""
     key = (id(io), fd)
     route = _trio_routes.get(key)
+    if fd < 0:
+        if isinstance(route, _TrioRoute):
+            if route.is_open():
+                return route
+            _trio_routes.pop(key, None)
+            route.end()
+        return None
     sock = _rs.live(fd)
     if route is not None:
         if route.sock() is sock:
@@ -2536,15 +2618,17 @@ def _trio_route(io: Any, fd: int) -> _TrioRoute | None:
             route.end()
     if sock is None:
         return None
-    if sock._is_listener() or sock._tcp is not None:
+    keyed = _trio_routes.get((id(io), sock._trio_key)) if sock._trio_key else None
+    if sock._is_listener() or sock._tcp is not None or keyed is not None:
+        # (a wait on the number of a connection trio also waits on by its
+        # key: trio's own, on fileno() made exact; one route per connection)
+        if keyed is not None:
+            _exact(sock)
         _trio_unmark(sock)
         _trio_routes[key] = _TrioNative(sock)
         return None
-    loop = _trio_loops.get(id(io))
-    if loop is None or loop.io is not io:
-        loop = _trio_loops[id(io)] = _TrioLoop(io)
     try:
-        route = _TrioRoute(loop, fd, sock)
+        route = _TrioRoute(_trio_loop(io), fd, sock)
     except OSError:
         _trio_unmark(sock)
         return None  # not connected yet: trio's own way this time
@@ -2560,6 +2644,50 @@ def _trio_route(io: Any, fd: int) -> _TrioRoute | None:
     _trio_routes[key] = route
     _note("trio:fileno_watch")
     return route
+
+
+# the keys of connections trio waited on by the socket object with no
+# fileno() made (_trio_wait_key): negative, so no fd ever has one
+_trio_keys = itertools.count(-2, -1)
+
+
+def _trio_wait_key(io: Any, sock: _rs.socket) -> int | None:
+    """The int trio's bookkeeping knows a wait on ``sock`` by: the
+    connection's own key, its route made now if need be, while it has no
+    fileno() (none is made for the wait); None: its fileno(), trio's way."""
+    key = sock._trio_key
+    if sock._h is None:
+        return None
+    if not key:
+        if sock._fileno_made() or sock._core.listening or not sock._core.connected:
+            return None
+        key = sock._trio_key = next(_trio_keys)
+    k = (id(io), key)
+    route = _trio_routes.get(k)
+    if isinstance(route, _TrioRoute):
+        if route.is_open():
+            return key
+        _trio_routes.pop(k, None)
+        route.end()
+    try:
+        route = _TrioRoute(_trio_loop(io), key, sock)
+    except OSError:
+        return None
+    _trio_unmark(sock)  # (the route holds its own)
+    _trio_routes[k] = route
+    _note("trio:fileno_watch")
+    return key
+
+
+def _trio_gone(io: Any, key: int) -> None:
+    """trio's step for a wait whose fd was closed behind its back (its
+    epoll refuses the fd): the waiters wake with EBADF, the entry goes.
+    For a connection's key whose socket closed under a waiting task."""
+    waiters = io._registered.pop(key, None)
+    if waiters is not None and (waiters.read_task is not None or waiters.write_task is not None):
+        from trio._core._io_common import wake_all
+
+        wake_all(waiters, _ll.oserror(-errno.EBADF))
 
 
 # the rsock sockets trio took (its _SocketType.__init__) and has not waited
@@ -2618,10 +2746,25 @@ def _trio_end_all() -> None:
         if isinstance(route, _TrioRoute):
             route.end()
             io = route.loop.io
-            waiters = io._registered.get(route.fd)
+            fd = route.fd
+            if fd < 0:  # waited by the connection's key: on its fileno() now
+                waiters = io._registered.pop(fd, None)
+                sock = route.sock()
+                if waiters is None or (waiters.read_task is None and waiters.write_task is None):
+                    continue
+                fd = sock.fileno() if sock is not None else -1
+                if fd < 0:
+                    io._registered[route.fd] = waiters
+                    _trio_gone(io, route.fd)
+                    continue
+                mine = io._registered[fd]
+                for attr in ("read_task", "write_task"):
+                    if getattr(mine, attr) is None:
+                        setattr(mine, attr, getattr(waiters, attr))
+            waiters = io._registered.get(fd)
             if waiters is not None:
                 waiters.current_flags = 0
-                io._update_registrations(route.fd)
+                io._update_registrations(fd)
     _trio_loops.clear()
     _trio_unmark()
 
@@ -2630,10 +2773,13 @@ def _wrap_trio_update_registrations(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     def _update_registrations(self: Any, fd: int) -> None:
         route = _trio_route(self, fd)
-        if route is None:
+        if route is not None:
+            if not route.update(self._registered[fd]):
+                del self._registered[fd]
+        elif fd < 0:
+            _trio_gone(self, fd)  # (a connection's key: its socket closed)
+        else:
             original(self, fd)
-        elif not route.update(self._registered[fd]):
-            del self._registered[fd]
 
     return _update_registrations
 
@@ -2643,12 +2789,16 @@ def _wrap_trio_process_events(original: Any) -> Callable[..., Any]:
     def process_events(self: Any, events: Any) -> None:
         if events:
             loop = _trio_loops.get(id(self))
-            if loop is not None and loop.io is self and loop.fds:
+            if loop is not None and loop.io is self:
                 fds = loop.fds
                 rest = []
                 for ev in events:
-                    route = fds.get(ev[0])
-                    if route is None or not route.fired(ev[0]):
+                    what = ev[0]
+                    if type(what) is _TrioRoute:  # (get_events': a route found ready)
+                        what.fired(-1)
+                        continue
+                    route = fds.get(what)
+                    if route is None or not route.fired(what):
                         rest.append(ev)
                 events = rest
         original(self, events)
@@ -2659,19 +2809,20 @@ def _wrap_trio_process_events(original: Any) -> Callable[..., Any]:
 def _wrap_trio_get_events(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     def get_events(self: Any, timeout: float) -> Any:
-        if timeout > 0:
-            loop = _trio_loops.get(id(self))
-            if (
-                loop is not None
-                and loop.io is self
-                and (loop.waiting or loop.ended)
-                and loop.thread == threading.get_ident()
-            ):
-                start = time.monotonic()
-                events = loop.poll(timeout)
-                if events:
-                    return events
-                timeout = max(0.0, timeout - (time.monotonic() - start))
+        loop = _trio_loops.get(id(self))
+        if loop is not None and loop.io is self:
+            if loop.unarmed:
+                ready = loop.unarmed_ready()
+                if ready:
+                    return ready + list(original(self, 0))
+            if timeout > 0:
+                if (loop.waiting or loop.ended) and loop.thread == threading.get_ident():
+                    start = time.monotonic()
+                    events = loop.poll(timeout)
+                    if events:
+                        return events
+                    timeout = max(0.0, timeout - (time.monotonic() - start))
+                loop.arm_all()  # (trio sleeps now: the routes still waited on go in)
         return original(self, timeout)
 
     return get_events
@@ -2680,8 +2831,15 @@ def _wrap_trio_get_events(original: Any) -> Callable[..., Any]:
 def _wrap_trio_notify_closing(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     def notify_closing(self: Any, fd: Any) -> None:
-        if isinstance(fd, _rs.socket) and not fd._fileno_made():
-            return  # no fileno(): nobody waits on it (else made just for this)
+        if isinstance(fd, _rs.socket):
+            key = fd._trio_key
+            if key:  # waited on by its key: those waiters wake
+                if (id(self), key) in _trio_routes:
+                    _trio_end(self, key)
+                if key in self._registered:
+                    original(self, key)
+            if not fd._fileno_made():
+                return  # no fileno(): nobody waits on it (else made just for this)
         n = _fd_of(fd)
         if (id(self), n) in _trio_routes:
             _trio_end(self, n)
@@ -2689,6 +2847,22 @@ def _wrap_trio_notify_closing(original: Any) -> Callable[..., Any]:
         original(self, fd)
 
     return notify_closing
+
+
+def _wrap_trio_epoll_wait(original: Any) -> Callable[..., Any]:
+    """trio's wait on a socket object asks its fileno(): for an rsock
+    connection with none made yet, the connection's own key instead (see
+    ``_trio_wait_key``)."""
+
+    @_wraps(original)
+    async def _epoll_wait(self: Any, fd: Any, attr_name: str) -> None:
+        if type(fd) is _rs.socket and (type(self), "_update_registrations") in _installed:
+            key = _trio_wait_key(self, fd)
+            if key is not None:
+                fd = key
+        await original(self, fd, attr_name)
+
+    return _epoll_wait
 
 
 def _wrap_trio_wait_writable(original: Any) -> Callable[..., Any]:
@@ -2728,6 +2902,7 @@ _WRAPPERS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "WakeupSocketpair.close": _wrap_trio_wakeup_close,
     "EpollIOManager.close": _wrap_trio_io_close,
     "wait_writable": _wrap_trio_wait_writable,
+    "_epoll_wait": _wrap_trio_epoll_wait,
     "_update_registrations": _wrap_trio_update_registrations,
     "process_events": _wrap_trio_process_events,
     "get_events": _wrap_trio_get_events,

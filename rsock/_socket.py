@@ -649,6 +649,9 @@ class socket:
     # set on the sockets an rsock.SSLSocket holds: an unclosed one is reported
     # by the SSLSocket's own ResourceWarning, as the stdlib names its SSLSocket
     _tls_owned = False
+    # under rsock.patch(), the int trio's waits on this connection are
+    # known by while it has no fileno() (negative; 0: none yet)
+    _trio_key = 0
 
     def __init__(
         self,

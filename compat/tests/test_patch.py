@@ -574,11 +574,14 @@ listener.bind(("127.0.0.1", 0))
 listener.listen()
 got = []
 
-def peer():  # echoes, then reads to EOF
-    conn, _ = listener.accept()
-    with conn:
-        conn.sendall(conn.recv(10))
-        got.append(conn.recv(10))
+def peer():  # echoes (the second connection's reply late), then reads to EOF
+    for delay in (0, 0.05):
+        conn, _ = listener.accept()
+        with conn:
+            data = conn.recv(10)
+            threading.Event().wait(delay)
+            conn.sendall(data)
+            got.append(conn.recv(10))
 
 threading.Thread(target=peer).start()
 
@@ -605,9 +608,16 @@ async def main():
     before = fds()
     s.close()
     print("closed:", s.fileno(), "fds freed:", before - fds() >= 1, "filenos made:", len(made))
+    # one that waits for its reply (in trio's epoll once the poll is over)
+    s = trio.socket.socket()
+    await s.connect(listener.getsockname())
+    await s.send(b"pong")
+    print("waited:", await s.recv(10))
+    s.close()
+    print("closed:", s.fileno(), "filenos made:", len(made))
 
 trio.run(main)
-while not got:
+while len(got) < 2:
     threading.Event().wait(0.01)
 print("peer read:", got)
 """
@@ -615,15 +625,18 @@ print("peer read:", got)
 
 @pytest.mark.parametrize("kind", ["tcp", "rsock"])
 def test_trio_close(kind: str, tmp_path: Path) -> None:
-    """trio's close of a connection nobody waited on: under the patch closed
-    without its fileno() ever made (no stand-in fd, no epoll bookkeeping),
-    and the peer reads EOF.  (A close under a waiting task:
-    test_trio_waits.)  TCP is the oracle."""
+    """trio's close of a connection nobody waited on, and of one a task
+    waited on for its reply: under the patch neither ever had its fileno()
+    made (no stand-in fd: trio's waits know the connection by its own key,
+    see _trio_wait_key), and the peer reads EOF.  (A close under a waiting
+    task: test_trio_waits.)  TCP is the oracle."""
     out = run_as(kind, _TRIO_CLOSE, tmp_path, timeout=60)
     assert out.splitlines() == [
         "echo: b'ping'",
         "closed: -1 fds freed: True filenos made: 0",
-        "peer read: [b'']",
+        "waited: b'pong'",
+        "closed: -1 filenos made: 0",
+        "peer read: [b'', b'']",
     ], out
 
 
