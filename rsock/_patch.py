@@ -1536,6 +1536,9 @@ class _Epoll:
         registers meanwhile goes into the epoll at once, and its events
         come out as its fileno()'s.  Busy-polled first while a route ended
         within ``RSOCK_LOOP_POLL_US``, or a listener accepted (see ``_spin``)."""
+        if type(timeout) in (int, float) and timeout == 0:  # (a look: nothing waits)
+            got0: list[tuple[int, int]] = self._e.poll(timeout, maxevents)
+            return self._translate(got0) if _epoll_route_fds else got0
         if (self._ended[0] or self._serves) and _may_wait(timeout):
             start = time.monotonic()
             spun = self._spin(timeout, maxevents)
@@ -2698,6 +2701,8 @@ _trio_marked: weakref.WeakSet[_rs.socket] = weakref.WeakSet()
 
 
 def _trio_mark(sock: _rs.socket) -> None:
+    if _rs.lazy_fd and sock._core.connected:
+        return  # (its fileno() is lazy anyway: an accepted connection's)
     with _trio_lock:
         if _active and sock not in _trio_marked:
             _trio_marked.add(sock)
@@ -2707,6 +2712,8 @@ def _trio_mark(sock: _rs.socket) -> None:
 def _trio_unmark(sock: _rs.socket | None = None) -> None:
     """``sock``'s fileno() exact again, unless something else routes it
     (None: every marked socket's)."""
+    if not _trio_marked:
+        return
     with _trio_lock:
         if sock is None:
             socks = list(_trio_marked)
