@@ -1396,6 +1396,7 @@ class _Poll:
                     # exact meanwhile
                     del lazy[n]
                     _exact(n)
+                    self._others.add(n)
                     continue
                 rev = _ll.poll(h) & (mask | _ll.POLLERR | _ll.POLLHUP)
                 if rev:
@@ -1411,6 +1412,8 @@ class _Poll:
                     rev = sock._wait_events(events, wait) & (mask | _ll.POLLERR | _ll.POLLHUP)
                     return [(n, rev)] if rev else []
             if ready or zero:
+                if lazy and not self._others:
+                    return ready  # (the kernel's poll holds these lazy fds only)
                 got: list[tuple[int, int]] = self._p.poll(0)
                 if not lazy:
                     self._plain()
