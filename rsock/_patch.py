@@ -1790,6 +1790,16 @@ class _ConnRoute:
         s = self.sock()
         return s is not None and s._h is self.h
 
+    def watch_notify(self) -> tuple[int, int]:
+        """The connection's notify and liveness fds, the engine keeping the
+        notify fd readable from now on while the connection is ready for
+        the route's interest (OSError: closed, or not the route's any more)."""
+        sock = self.sock()
+        if sock is None or sock._h is not self.h:
+            raise _ll.oserror(-errno.EBADF)
+        sock._watch(_ll.WATCH_NOTIFY)
+        return _ll.notify_fds(self.h)
+
 
 _R = TypeVar("_R", bound="_HotRoute")
 
@@ -1893,12 +1903,8 @@ class _EpollRoute(_ConnRoute):
                 self.unarmed.remove(self)
             except ValueError:  # (taken off by _arm_all)
                 pass
-            sock = self.sock()
             try:
-                if sock is None or sock._h is not self.h:
-                    raise _ll.oserror(-errno.EBADF)
-                sock._watch(_ll.WATCH_NOTIFY)
-                self.nfd, self.lfd = _ll.notify_fds(self.h)
+                self.nfd, self.lfd = self.watch_notify()
                 for f in (self.nfd, self.lfd):
                     if f >= 0:
                         self.ep.register(f, select.EPOLLIN)
@@ -2454,12 +2460,8 @@ class _TrioRoute(_ConnRoute):
         if self.armed:
             return
         self.armed = True
-        sock = self.sock()
         try:
-            if sock is None or sock._h is not self.h:
-                raise _ll.oserror(-errno.EBADF)
-            sock._watch(_ll.WATCH_NOTIFY)
-            self.nfd, self.lfd = _ll.notify_fds(self.h)
+            self.nfd, self.lfd = self.watch_notify()
         except OSError:
             return  # closed meanwhile: its close ends the route
         self._add(self.nfd)
