@@ -47,20 +47,17 @@ static connect_bound_fn fn_connect_bound; /* (optional: connect needs it) */
 static socket_fn fn_socket; /* (optional: socket needs it) */
 static provider_fn fn_provider; /* (optional: accept names the provider) */
 
-static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
-		    void **s, int *timeout)
+/* The socket's address and a timeout in ms (-1 .. INT32_MAX) from two
+ * arguments: 0, or -1 with an exception set. */
+static int sock_timeout(PyObject *sock, PyObject *ms, void **s, int *timeout)
 {
 	unsigned long long p;
 	long t;
 
-	if (nargs != 3) {
-		PyErr_Format(PyExc_TypeError, "%s expects 3 arguments", name);
-		return -1;
-	}
-	p = PyLong_AsUnsignedLongLong(args[0]);
+	p = PyLong_AsUnsignedLongLong(sock);
 	if (p == (unsigned long long)-1 && PyErr_Occurred())
 		return -1;
-	t = PyLong_AsLong(args[2]);
+	t = PyLong_AsLong(ms);
 	if (t == -1 && PyErr_Occurred())
 		return -1;
 	if (t < -1 || t > INT32_MAX) {
@@ -74,6 +71,17 @@ static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
 	}
 	*s = (void *)(uintptr_t)p;
 	return 0;
+}
+
+/* (sock_addr, buffer, timeout_ms): the socket and the timeout. */
+static int get_args(PyObject *const *args, Py_ssize_t nargs, const char *name,
+		    void **s, int *timeout)
+{
+	if (nargs != 3) {
+		PyErr_Format(PyExc_TypeError, "%s expects 3 arguments", name);
+		return -1;
+	}
+	return sock_timeout(args[0], args[2], s, timeout);
 }
 
 /* One engine call on the buffer of args[1], on its first limit bytes when
@@ -162,12 +170,8 @@ static PyObject *fc_recv_bytes(PyObject *self, PyObject *const *args,
 		PyErr_SetString(PyExc_ValueError, "recv_bytes needs nbytes > 0");
 		return NULL;
 	}
-	{
-		PyObject *a[3] = { args[0], args[0], args[2] };
-
-		if (get_args(a, 3, "recv_bytes", &s, &timeout))
-			return NULL;
-	}
+	if (sock_timeout(args[0], args[2], &s, &timeout))
+		return NULL;
 	if (!fn_recv_zc || !fn_recv_done) {
 		PyErr_SetString(PyExc_RuntimeError, "rsock._fastcall not bound");
 		return NULL;
@@ -223,12 +227,8 @@ static PyObject *fc_accept(PyObject *self, PyObject *const *args,
 		PyErr_SetString(PyExc_TypeError, "accept expects 2 arguments");
 		return NULL;
 	}
-	{
-		PyObject *a[3] = { args[0], args[0], args[1] };
-
-		if (get_args(a, 3, "accept", &s, &timeout))
-			return NULL;
-	}
+	if (sock_timeout(args[0], args[1], &s, &timeout))
+		return NULL;
 	if (!fn_accept) {
 		PyErr_SetString(PyExc_RuntimeError, "rsock._fastcall not bound");
 		return NULL;
@@ -325,12 +325,8 @@ static PyObject *fc_connect(PyObject *self, PyObject *const *args,
 		PyErr_SetString(PyExc_TypeError, "connect expects 7 arguments");
 		return NULL;
 	}
-	{
-		PyObject *a[3] = { args[0], args[0], args[6] };
-
-		if (get_args(a, 3, "connect", &s, &timeout))
-			return NULL;
-	}
+	if (sock_timeout(args[0], args[6], &s, &timeout))
+		return NULL;
 	if (!fn_connect_bound) {
 		PyErr_SetString(PyExc_RuntimeError, "rsock._fastcall not bound");
 		return NULL;
