@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from rsock.bench import _apps
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -73,6 +75,14 @@ def test_apps_tornado_round_trips_both_sides_fast_path(tmp_path: Path) -> None:
         assert case["median"][transport] > 0
     assert case["ratio_rsock_tcp"] > 0
     assert case["fast_path"] is True
+    # each side's share of a rep on the CPU: the client's count of its loop,
+    # the server's process tree sampled around it (a round-trip loop keeps
+    # the client busy; the shares are fractions of the time, not above ~1)
+    for transport in ("tcp", "rsock"):
+        got = case["busy"][transport]
+        assert 0.05 < got["client"] < 1.2 and 0 <= got["server"] < 1.2, case["busy"]
+    assert all("cpu" in s and "server_cpu" in s for s in case["samples"]["tcp"]), case
+    assert row.count("%") == 1, row  # the TCP busy column
     # every rsock client run and the rsock server: connections on shm only, no TCP
     reports = [*case["reports"]["client"], case["reports"]["server"]]
     assert len(reports) == 3, reports
@@ -136,3 +146,35 @@ def test_apps_selectors_echo_server(tmp_path: Path) -> None:
     made = connections_made(out)
     assert sorted(made) == ["selectors-newconn", "selectors-rtt"]
     assert made["selectors-rtt"] == 2 and made["selectors-newconn"] > 20, made
+
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+
+
+@pytest.mark.timeout_s(30)
+def test_tree_cpu_counts_the_descendants() -> None:
+    """The server's CPU the bench samples is its whole process tree's (dask's
+    workers, a server started through a launcher): a parent and its child
+    each burn 0.3 s of CPU, then stay alive; the parent's tree counts both."""
+    child = f"{BURN}print('burnt', flush=True)\nimport sys\nsys.stdin.read()\n"
+    parent = (
+        f"import subprocess, sys\n{BURN}"
+        f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE,"
+        " stdin=subprocess.PIPE)\n"
+        "assert c.stdout.readline() == b'burnt\\n'\nprint('ready', flush=True)\n"
+        "sys.stdin.read()\nc.stdin.close()\nc.wait()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+            cpu = _apps.tree_cpu(proc.pid)
+            own = _apps.tree_cpu(os.getpid())
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(10)
+    assert cpu is not None and 0.55 <= cpu < 5, cpu  # both burns (each >= 0.3 s)
+    assert own is not None and own >= cpu, (own, cpu)  # this process's tree holds it
+    assert _apps.tree_cpu(proc.pid) is None  # gone: no /proc entry

@@ -386,6 +386,44 @@ def run_client(
     return sample
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of ``pid`` and its descendants so far (Linux
+    ``/proc``; a child that exited and was reaped counts in its parent's own
+    children's totals, so those are added too), or None without ``/proc``."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            kids = " ".join(t.read_text() for t in Path(f"/proc/{p}/task").glob("*/children"))
+        except OSError:
+            if p == pid:
+                return None
+            continue  # (gone meanwhile)
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        todo += [int(k) for k in kids.split()]
+    return total / _TICK
+
+
+def busy(sample: dict[str, Any], side: str, warmup: float) -> float | None:
+    """The share of a rep's time ``side`` spent on the CPU: the client's own count
+    (its loop's ``time.process_time()``) over the loop's time, the server's
+    (its process tree, sampled around the client's run) over warm-up + loop."""
+    elapsed = float(sample["elapsed"])
+    if side == "client":
+        cpu = sample.get("cpu")
+        return float(cpu) / elapsed if cpu is not None and elapsed > 0 else None
+    cpu = sample.get("server_cpu")
+    return float(cpu) / (elapsed + warmup) if cpu is not None else None
+
+
 def read_report(path: Path) -> dict[str, int]:
     try:
         counts: dict[str, int] = json.loads(path.read_text())
@@ -419,6 +457,7 @@ class Result:
     reports: dict[str, Any] = field(default_factory=lambda: {"client": [], "server": None})
     fast_path: bool | None = None  # rsock side: every connection on shm/verbs
     seconds: float = 0.0
+    warmup: float = 0.0  # each client's warm-up (s), for the server's busy share
 
     def figures(self, transport: str) -> list[float]:
         return [self.case.figure(s) for s in self.samples[transport]]
@@ -426,6 +465,11 @@ class Result:
     def median(self, transport: str) -> float | None:
         f = self.figures(transport)
         return statistics.median(f) if f else None
+
+    def busy(self, transport: str, side: str) -> float | None:
+        """The median over the reps of ``side``'s share of the time on the CPU."""
+        got = [b for s in self.samples[transport] if (b := busy(s, side, self.warmup)) is not None]
+        return statistics.median(got) if got else None
 
     def ratio(self) -> float | None:
         tcp, rs = self.median("tcp"), self.median("rsock")
@@ -448,12 +492,14 @@ class Result:
             "figures": {t: self.figures(t) for t in TRANSPORTS},
             "median": {t: self.median(t) for t in TRANSPORTS},
             "ratio_rsock_tcp": self.ratio(),
+            "busy": {t: {side: self.busy(t, side) for side in ("client", "server")}
+                     for t in TRANSPORTS},  # fmt: skip
             "reports": self.reports,
         }
 
 
 def run_case(opts: Options, case: AppCase, say: Callable[[str], None]) -> Result:
-    result = Result(case)
+    result = Result(case, warmup=opts.warmup)
     missing = missing_modules(case)
     if missing:
         result.status = "skipped"
@@ -468,7 +514,12 @@ def run_case(opts: Options, case: AppCase, say: Callable[[str], None]) -> Result
         for rep in range(opts.reps):
             for transport in TRANSPORTS:
                 report = tmp / f"{transport}-client-{rep}.json"
-                sample = run_client(opts, case, transport, servers[transport].port, report, tmp)
+                server = servers[transport]
+                cpu0 = tree_cpu(server.proc.pid)
+                sample = run_client(opts, case, transport, server.port, report, tmp)
+                cpu1 = tree_cpu(server.proc.pid)
+                if cpu0 is not None and cpu1 is not None:
+                    sample["server_cpu"] = round(cpu1 - cpu0, 3)
                 result.samples[transport].append(sample)
                 say(f"  {case.name} rep {rep + 1}/{opts.reps} {transport}: "
                     f"{case.figure(sample):.1f} {case.unit}")  # fmt: skip
@@ -529,6 +580,12 @@ def cell(result: Result, transport: str) -> str:
     return f"{fmt_num(statistics.median(f))} [{fmt_num(min(f))}-{fmt_num(max(f))}]"
 
 
+def busy_text(result: Result) -> str:
+    """TCP's client/server busy shares, as percentages ("-" where unknown)."""
+    got = [result.busy("tcp", side) for side in ("client", "server")]
+    return "/".join("-" if b is None else f"{100 * b:.0f}" for b in got) + "%"
+
+
 def fast_text(result: Result) -> str:
     if result.fast_path:
         conns = sum(v for r in result.reports["client"] for k, v in r.items()
@@ -550,7 +607,7 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
         + ("; TCP with rsock's heap hint (--tcp-heap-hint)" if opts.tcp_heap_hint else ""),
         "",
     ]
-    head = ["case", "unit", "TCP", "rsock", "rsock/TCP", "rsock fast path"]
+    head = ["case", "unit", "TCP", "rsock", "rsock/TCP", "TCP busy c/s", "rsock fast path"]
     rows: list[list[str]] = []
     notes: list[str] = []
     for r in results:
@@ -563,7 +620,7 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
             ratio_s += " FAILED"
             notes.append(f"FAILED {r.case.name}: {r.reason}")
         rows.append([r.case.title, r.case.unit, cell(r, "tcp"), cell(r, "rsock"), ratio_s,
-                     fast_text(r)])  # fmt: skip
+                     busy_text(r), fast_text(r)])  # fmt: skip
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
@@ -573,7 +630,13 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
     lines += [line(head), line(["-" * w for w in widths]), *map(line, rows)]
     if notes:
         lines += ["", *notes]
-    lines += ["", "rsock/TCP > 1: rsock is better (more per second)."]
+    lines += [
+        "",
+        "rsock/TCP > 1: rsock is better (more per second).",
+        "TCP busy c/s: the share of a TCP rep the client / the server spent on the CPU (user +",
+        "system, their own work and the kernel's); a side near 100% bounds the case whatever",
+        "the transport (rsock's own shares are in the JSON: its busy-polling counts there).",
+    ]
     return "\n".join(lines)
 
 

@@ -52,13 +52,14 @@ async def loop(
     session: aiohttp.ClientSession, base: str, mode: str, seconds: float
 ) -> dict[str, float]:
     count = nbytes = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while True:
         nbytes += await one(session, base, mode)
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": nbytes, "elapsed": elapsed}
+            return {"count": count, "bytes": nbytes, "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 async def main(port: int, mode: str, seconds: float, warmup: float) -> None:

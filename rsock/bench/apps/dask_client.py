@@ -34,7 +34,7 @@ def run(
     client: Client, mode: str, seconds: float, workers: list[str], seq: list[int]
 ) -> dict[str, float]:
     count = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     data = make(7)
     want = checksum(data)
     while True:
@@ -52,7 +52,8 @@ def run(
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * SIZE, "elapsed": elapsed}
+            return {"count": count, "bytes": count * SIZE, "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 def main(port: int, mode: str, seconds: float, warmup: float) -> None:

@@ -17,7 +17,7 @@ BIG = bytes(range(256)) * 4096
 
 def loop(client: httpx.Client, url: str, want: bytes, seconds: float) -> dict[str, float]:
     count = nbytes = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while True:
         body = client.get(url).content
         assert body == want, len(body)
@@ -25,7 +25,8 @@ def loop(client: httpx.Client, url: str, want: bytes, seconds: float) -> dict[st
         nbytes += len(body)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": nbytes, "elapsed": elapsed}
+            return {"count": count, "bytes": nbytes, "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 def main(port: int, mode: str, seconds: float, warmup: float) -> None:

@@ -19,7 +19,7 @@ def loop(
     get: Callable[[str], requests.Response], url: str, want: bytes, seconds: float
 ) -> dict[str, float]:
     count = nbytes = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while True:
         body = get(url).content
         assert body == want, len(body)
@@ -27,7 +27,8 @@ def loop(
         nbytes += len(body)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": nbytes, "elapsed": elapsed}
+            return {"count": count, "bytes": nbytes, "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 def main(port: int, mode: str, seconds: float, warmup: float) -> None:

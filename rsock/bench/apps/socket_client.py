@@ -27,13 +27,14 @@ def round_trip(s: socket.socket) -> None:
 
 def timed(step: Callable[[], None], seconds: float) -> dict[str, float]:
     count = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while True:
         step()
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed}
+            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 def main(port: int, mode: str, seconds: float, warmup: float) -> None:

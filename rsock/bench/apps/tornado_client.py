@@ -19,21 +19,22 @@ LINE = b"x" * 63 + b"\n"  # 64 bytes
 
 async def loop(stream: tornado.iostream.IOStream, seconds: float) -> dict[str, float]:
     count = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while True:
         await stream.write(LINE)
         assert await stream.read_until(b"\n") == LINE
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(LINE), "elapsed": elapsed}
+            return {"count": count, "bytes": count * len(LINE), "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 async def newconn(
     client: tornado.tcpclient.TCPClient, port: int, seconds: float
 ) -> dict[str, float]:
     count = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while True:
         stream = await client.connect("127.0.0.1", port)
         await stream.write(LINE)
@@ -42,7 +43,8 @@ async def newconn(
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(LINE), "elapsed": elapsed}
+            return {"count": count, "bytes": count * len(LINE), "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 async def main(port: int, mode: str, seconds: float, warmup: float) -> None:

@@ -29,13 +29,14 @@ async def receive_exactly(stream: trio.SocketStream, n: int) -> bytes:
 async def timed(step: Callable[[], Awaitable[None]], seconds: float) -> dict[str, float]:
     """Runs ``step`` (one round trip) for ``seconds``: round trips, bytes, elapsed."""
     count = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while True:
         await step()
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed}
+            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 async def round_trip(stream: trio.SocketStream) -> None:

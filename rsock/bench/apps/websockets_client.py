@@ -22,13 +22,14 @@ BIG = bytes(range(256)) * 4096
 async def timed(step: Callable[[], Awaitable[None]], size: int, seconds: float) -> dict[str, float]:
     """Runs step (one echoed message of size bytes) for seconds."""
     count = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while True:
         await step()
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * size, "elapsed": elapsed}
+            return {"count": count, "bytes": count * size, "elapsed": elapsed,
+                    "cpu": time.process_time() - cpu}
 
 
 async def echo(ws: ClientConnection, message: bytes) -> None:
