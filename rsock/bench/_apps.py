@@ -389,11 +389,13 @@ def run_client(
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def tree_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) of ``pid`` and its descendants so far (Linux
-    ``/proc``; a child that exited and was reaped counts in its parent's own
-    children's totals, so those are added too), or None without ``/proc``."""
-    total, todo, seen = 0, [pid], set()
+def tree_cpu(pid: int) -> tuple[float, float] | None:
+    """CPU seconds of ``pid`` and its descendants so far, (user + system, user)
+    (Linux ``/proc``; children that exited and were reaped count in their
+    parent's own children's totals, so those are added too), or None without
+    ``/proc``."""
+    total = user = 0
+    todo, seen = [pid], set()
     while todo:
         p = todo.pop()
         if p in seen:
@@ -406,22 +408,28 @@ def tree_cpu(pid: int) -> float | None:
             if p == pid:
                 return None
             continue  # (gone meanwhile)
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        utime, stime, cutime, cstime = map(int, stat[stat.rindex(")") + 2 :].split()[11:15])
+        total += utime + stime + cutime + cstime
+        user += utime + cutime
         todo += [int(k) for k in kids.split()]
-    return total / _TICK
+    return total / _TICK, user / _TICK
 
 
-def busy(sample: dict[str, Any], side: str, warmup: float) -> float | None:
-    """The share of a rep's time ``side`` spent on the CPU: the client's own count
-    (its loop's ``time.process_time()``) over the loop's time, the server's
-    (its process tree, sampled around the client's run) over warm-up + loop."""
+def busy(sample: dict[str, Any], side: str, warmup: float) -> tuple[float, float] | None:
+    """The shares of a rep's time ``side`` spent on the CPU, (user + system, user):
+    the client's own count (``getrusage`` around its timed loop) over the loop's
+    time, the server's (its process tree, sampled around the client's run) over
+    warm-up + loop (it idles while the client starts and exits)."""
     elapsed = float(sample["elapsed"])
     if side == "client":
-        cpu = sample.get("cpu")
-        return float(cpu) / elapsed if cpu is not None and elapsed > 0 else None
+        r = sample.get("rusage")
+        if not r or elapsed <= 0:
+            return None
+        return (r[2] - r[0] + r[3] - r[1]) / elapsed, (r[2] - r[0]) / elapsed
     cpu = sample.get("server_cpu")
-    return float(cpu) / (elapsed + warmup) if cpu is not None else None
+    if not cpu:
+        return None
+    return cpu[0] / (elapsed + warmup), cpu[1] / (elapsed + warmup)
 
 
 def read_report(path: Path) -> dict[str, int]:
@@ -466,10 +474,13 @@ class Result:
         f = self.figures(transport)
         return statistics.median(f) if f else None
 
-    def busy(self, transport: str, side: str) -> float | None:
-        """The median over the reps of ``side``'s share of the time on the CPU."""
+    def busy(self, transport: str, side: str) -> dict[str, float] | None:
+        """The medians over the reps of ``side``'s shares of the time on the CPU."""
         got = [b for s in self.samples[transport] if (b := busy(s, side, self.warmup)) is not None]
-        return statistics.median(got) if got else None
+        if not got:
+            return None
+        return {"cpu": statistics.median(b[0] for b in got),
+                "user": statistics.median(b[1] for b in got)}  # fmt: skip
 
     def ratio(self) -> float | None:
         tcp, rs = self.median("tcp"), self.median("rsock")
@@ -519,7 +530,8 @@ def run_case(opts: Options, case: AppCase, say: Callable[[str], None]) -> Result
                 sample = run_client(opts, case, transport, server.port, report, tmp)
                 cpu1 = tree_cpu(server.proc.pid)
                 if cpu0 is not None and cpu1 is not None:
-                    sample["server_cpu"] = round(cpu1 - cpu0, 3)
+                    spent = zip(cpu0, cpu1, strict=True)
+                    sample["server_cpu"] = [round(b - a, 3) for a, b in spent]
                 result.samples[transport].append(sample)
                 say(f"  {case.name} rep {rep + 1}/{opts.reps} {transport}: "
                     f"{case.figure(sample):.1f} {case.unit}")  # fmt: skip
@@ -580,10 +592,10 @@ def cell(result: Result, transport: str) -> str:
     return f"{fmt_num(statistics.median(f))} [{fmt_num(min(f))}-{fmt_num(max(f))}]"
 
 
-def busy_text(result: Result) -> str:
-    """TCP's client/server busy shares, as percentages ("-" where unknown)."""
+def busy_text(result: Result, kind: str) -> str:
+    """TCP's client/server shares of ``kind`` ("cpu", "user") as percentages."""
     got = [result.busy("tcp", side) for side in ("client", "server")]
-    return "/".join("-" if b is None else f"{100 * b:.0f}" for b in got) + "%"
+    return "/".join("-" if b is None else f"{100 * b[kind]:.0f}" for b in got) + "%"
 
 
 def fast_text(result: Result) -> str:
@@ -607,7 +619,8 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
         + ("; TCP with rsock's heap hint (--tcp-heap-hint)" if opts.tcp_heap_hint else ""),
         "",
     ]
-    head = ["case", "unit", "TCP", "rsock", "rsock/TCP", "TCP busy c/s", "rsock fast path"]
+    head = ["case", "unit", "TCP", "rsock", "rsock/TCP", "TCP busy c/s", "user c/s",
+            "rsock fast path"]
     rows: list[list[str]] = []
     notes: list[str] = []
     for r in results:
@@ -620,7 +633,7 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
             ratio_s += " FAILED"
             notes.append(f"FAILED {r.case.name}: {r.reason}")
         rows.append([r.case.title, r.case.unit, cell(r, "tcp"), cell(r, "rsock"), ratio_s,
-                     busy_text(r), fast_text(r)])  # fmt: skip
+                     busy_text(r, "cpu"), busy_text(r, "user"), fast_text(r)])  # fmt: skip
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
@@ -634,8 +647,11 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
         "",
         "rsock/TCP > 1: rsock is better (more per second).",
         "TCP busy c/s: the share of a TCP rep the client / the server spent on the CPU (user +",
-        "system, their own work and the kernel's); a side near 100% bounds the case whatever",
-        "the transport (rsock's own shares are in the JSON: its busy-polling counts there).",
+        "system); user c/s: its user-space part, the programs' own work (with an event loop's",
+        "own work per wake-up, which rsock's polling skips).  A blocking client busy near 100%",
+        "in user space, or a request-response loop whose sides' user shares add up to near",
+        "100%, leaves any transport little to take away (rsock's own shares are in the JSON:",
+        "its busy-polling counts there).",
     ]
     return "\n".join(lines)
 

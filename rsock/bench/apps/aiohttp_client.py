@@ -8,6 +8,7 @@ SECONDS seconds, and prints one JSON line: requests, body bytes, elapsed."""
 
 import asyncio
 import json
+import resource
 import sys
 import time
 
@@ -50,16 +51,16 @@ async def one(session: aiohttp.ClientSession, base: str, mode: str) -> int:
 
 async def loop(
     session: aiohttp.ClientSession, base: str, mode: str, seconds: float
-) -> dict[str, float]:
+) -> dict[str, object]:
     count = nbytes = 0
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     while True:
         nbytes += await one(session, base, mode)
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return {"count": count, "bytes": nbytes, "elapsed": elapsed,
-                    "cpu": time.process_time() - cpu}
+                    "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]]}
 
 
 async def main(port: int, mode: str, seconds: float, warmup: float) -> None:

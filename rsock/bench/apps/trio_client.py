@@ -8,6 +8,7 @@ prints one JSON line: round trips, bytes sent, elapsed."""
 
 import functools
 import json
+import resource
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -26,17 +27,17 @@ async def receive_exactly(stream: trio.SocketStream, n: int) -> bytes:
     return buf
 
 
-async def timed(step: Callable[[], Awaitable[None]], seconds: float) -> dict[str, float]:
+async def timed(step: Callable[[], Awaitable[None]], seconds: float) -> dict[str, object]:
     """Runs ``step`` (one round trip) for ``seconds``: round trips, bytes, elapsed."""
     count = 0
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     while True:
         await step()
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed,
-                    "cpu": time.process_time() - cpu}
+                    "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]]}
 
 
 async def round_trip(stream: trio.SocketStream) -> None:
