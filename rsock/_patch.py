@@ -1325,13 +1325,14 @@ class _Poll:
     watcher thread at every reply from then on (a thread wake-up on the
     client's CPU per request)."""
 
-    # poll and unregister are the stdlib object's own (bound) while no
-    # lazy connection is registered: no call more per poll for a loop's
-    # selector
-    __slots__ = ("_p", "poll", "unregister", "_lazy", "_others")
+    # poll and unregister call the stdlib object's own while no lazy
+    # connection is registered (``_routed`` false).  Methods that look at a
+    # flag, not bound methods kept on the object: those would make each
+    # poll object a reference cycle (garbage for the GC, never freed with
+    # the GC off), where the stdlib's is freed when the last name goes
+    __slots__ = ("_p", "_routed", "_lazy", "_others")
     _p: Any  # (select.poll's object: typeshed names no class for it)
-    poll: Callable[..., list[tuple[int, int]]]
-    unregister: Callable[[Any], None]
+    _routed: bool  # lazy connections registered: poll and unregister are ours
     # fd -> (its lazy connection, weakly; the events registered for it)
     _lazy: dict[int, tuple[weakref.ref[_rs.socket], int]]
     # the other fds registered (maybe some unregistered since, through the
@@ -1356,8 +1357,19 @@ class _Poll:
         self._others.discard(n)
         mask = operator.index(eventmask[0]) & 0xFFFF if eventmask else _POLL_DEFAULT
         self._lazy[n] = (weakref.ref(sock), mask)
-        self.poll = self._poll_lazy
-        self.unregister = self._unregister_lazy
+        self._routed = True
+
+    def poll(self, timeout: Any = None, /) -> list[tuple[int, int]]:
+        if self._routed:
+            return self._poll_lazy(timeout)
+        got: list[tuple[int, int]] = self._p.poll(timeout)
+        return got
+
+    def unregister(self, fd: Any, /) -> None:
+        if self._routed:
+            self._unregister_lazy(fd)
+        else:
+            self._p.unregister(fd)
 
     def modify(self, fd: Any, *eventmask: Any) -> None:
         n = _known_fd(fd) if self._lazy else -1
@@ -1371,8 +1383,7 @@ class _Poll:
 
     def _plain(self) -> None:
         """No lazy connection left: the stdlib object's own methods again."""
-        self.poll = self._p.poll
-        self.unregister = self._p.unregister
+        self._routed = False
 
     def _unregister_lazy(self, fd: Any, /) -> None:
         self._p.unregister(fd)  # (KeyError, as the stdlib's)
@@ -1480,16 +1491,16 @@ class _Epoll:
     connection routed by another poller already, a listener or anything
     else: fileno() exact (see ``_exact``) and the kernel's epoll as ever."""
 
-    # unregister and fileno are the stdlib object's own (bound) while no
-    # connection is routed (fileno() once asked for), and poll nearly
-    # (_poll_plain): little more per poll for a loop's selector or trio
+    # poll, unregister and fileno call the stdlib object's own while no
+    # connection is routed (fileno() once asked for; poll nearly:
+    # _poll_plain), as a flag says: bound methods kept on the object would
+    # make each epoll object a reference cycle, its kernel fd open until the
+    # GC ran (never with the GC off), where the stdlib's closes when the
+    # last name goes
     __slots__ = (
-        "_e", "poll", "unregister", "fileno", "_routes", "_unarmed", "_waiting", "_exposed",
-        "_ended", "_serves",
+        "_e", "_routed", "_routes", "_unarmed", "_waiting", "_exposed", "_ended", "_serves",
     )  # fmt: skip
-    poll: Callable[..., list[tuple[int, int]]]
-    unregister: Callable[..., None]
-    fileno: Callable[[], int]
+    _routed: bool  # poll and unregister are the routes' (_poll_routed, _unregister_routed)
     _routes: dict[int, _EpollRoute]  # fileno() -> its route
     # routes whose fds are not in the epoll yet: a new connection is put in
     # at the first poll that must wait for it (the engine answers before:
@@ -1511,7 +1522,6 @@ class _Epoll:
 
     def _take(self, e: select.epoll) -> None:
         self._e = e
-        self.fileno = self._fileno_exposed
         self._routes = {}
         self._unarmed = []
         self._waiting = set()
@@ -1520,19 +1530,29 @@ class _Epoll:
         self._serves = False
         self._plain()
 
-    def _fileno_exposed(self) -> int:
-        """``fileno()``: whoever asks may poll the epoll's fd itself, so
-        every route's fds are in it from now on."""
-        self._exposed = True
-        self.fileno = self._e.fileno
-        self._arm_all()
+    def fileno(self) -> int:
+        """Whoever asks may poll the epoll's fd itself, so every route's fds
+        are in it from then on."""
+        if not self._exposed:
+            self._exposed = True
+            self._arm_all()
         return self._e.fileno()
+
+    def poll(self, timeout: Any = None, maxevents: Any = -1) -> list[tuple[int, int]]:
+        if self._routed:
+            return self._poll_routed(timeout, maxevents)
+        return self._poll_plain(timeout, maxevents)
+
+    def unregister(self, fd: Any) -> None:
+        if self._routed:
+            self._unregister_routed(fd)
+        else:
+            self._e.unregister(fd)
 
     def _plain(self) -> None:
         """No connection routed: the stdlib object's own methods (poll
         nearly: see ``_poll_plain``)."""
-        self.poll = self._poll_plain
-        self.unregister = self._e.unregister
+        self._routed = False
 
     def _poll_plain(self, timeout: Any = None, maxevents: Any = -1) -> list[tuple[int, int]]:
         """The kernel's poll, noted as waiting: a connection another thread
@@ -1580,8 +1600,7 @@ class _Epoll:
                     pass  # closed meanwhile, or not a connection: the kernel's way
                 else:
                     self._routes[n] = route
-                    self.poll = self._poll_routed
-                    self.unregister = self._unregister_routed
+                    self._routed = True
                     _note("epoll:fileno_watch")
                     self._unarmed.append(route)
                     if self._waiting or self._exposed:
@@ -2002,9 +2021,8 @@ _EPOLL_ROUTED = (
 def _poll() -> _Poll:
     """``select.poll`` while patched."""
     p = object.__new__(_Poll)
-    p._p = std = _poll_std()
-    p.poll = std.poll
-    p.unregister = std.unregister
+    p._p = _poll_std()
+    p._routed = False
     p._lazy = {}
     p._others = set()
     return p

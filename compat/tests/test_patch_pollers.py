@@ -12,6 +12,7 @@ import _socket
 import asyncio
 import contextlib
 import errno
+import gc
 import os
 import select
 import selectors
@@ -1192,3 +1193,73 @@ def test_two_epoll_objects_on_one_kernel_epoll(kind: str) -> None:
             assert sorted(ep2.poll(0)) == sorted(want)
             ep2.close()
         assert server.recv(1) == b"f"
+
+
+def _cyclic_garbage(use: Callable[[socket.socket], None], rounds: int) -> int:
+    """``use(client)`` on ``rounds`` fresh connections with the GC off: the
+    objects only the GC could free after (the stdlib's pollers leave none)."""
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            with open_pair() as (client, _server):
+                use(client)
+        return gc.collect()
+    finally:
+        gc.enable()
+
+
+def _poll_kept(client: socket.socket) -> None:
+    # urllib3's and httpcore's dropped-connection check: a fresh poll object,
+    # dropped with the connection still registered
+    p = select.poll()
+    p.register(client.fileno(), select.POLLIN)
+    assert p.poll(0) == []
+
+
+def _epoll_used(client: socket.socket) -> None:
+    ep = select.epoll()
+    ep.register(client.fileno(), select.EPOLLIN)
+    assert ep.poll(0) == []
+    ep.unregister(client.fileno())
+    ep.close()
+
+
+def _selector_used(client: socket.socket) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(client, selectors.EVENT_READ)
+        assert sel.select(0) == []
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+@pytest.mark.parametrize("use", [_poll_kept, _epoll_used, _selector_used])
+def test_pollers_leave_no_reference_cycle(kind: str, use: Callable[[socket.socket], None]) -> None:
+    """The patched poll and epoll objects are freed as the stdlib's are, by
+    reference counting: none left for the GC (a program that turns the GC
+    off would keep each one forever)."""
+    garbage = _cyclic_garbage(use, 50)
+    assert garbage == 0, garbage
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_an_epoll_dropped_unclosed_closes_its_fd_at_once(kind: str) -> None:
+    """An epoll object dropped without close() closes its kernel fd when
+    its last reference goes, with a connection registered or not (the
+    stdlib's dealloc): not at some later GC."""
+    gc.disable()
+    try:
+        with open_pair() as (client, _server):
+            for register in (False, True):
+                ep = select.epoll()
+                fd = ep.fileno()
+                if register:
+                    ep.register(client.fileno(), select.EPOLLIN)
+                    assert ep.poll(0) == []
+                del ep
+                with pytest.raises(OSError) as e:
+                    os.fstat(fd)
+                assert e.value.errno == errno.EBADF
+    finally:
+        gc.enable()
