@@ -1309,7 +1309,6 @@ def _listed(fileobjs: Any) -> Any:
         return fileobjs
 
 
-
 class _Poll:
     """What ``select.poll()`` makes while patched: the stdlib's poll object,
     told of what it registers first (see ``_exact``).  As the stdlib's, the
@@ -1571,6 +1570,11 @@ class _Epoll:
         me = threading.get_ident()
         self._waiting.add(me)
         try:
+            # a connection another thread registered before this thread
+            # counted as waiting (during the busy poll) went in unarmed: in
+            # now, after _waiting, so that one registered later arms itself
+            if self._unarmed:
+                self._arm_all()
             got: list[tuple[int, int]] = self._e.poll(timeout, maxevents)
         finally:
             self._waiting.discard(me)
@@ -1734,8 +1738,11 @@ class _Epoll:
             since = _rs.last_accept_ns
         for ready in _spins(routes, wait, _EPOLL_SLICE_US, since):
             got = poll(0, maxevents)
-            if ready or got:
-                out = self._translate(got)
+            # a connection another thread registered during the spin: not in
+            # the epoll yet, the engine answers for it
+            late = self._unarmed_ready() if self._unarmed else None
+            if ready or got or late:
+                out = self._translate(got) + late if late else self._translate(got)
                 for route in ready:
                     if not any(e[0] == route.fd for e in out):
                         rev = route.fired(-1)

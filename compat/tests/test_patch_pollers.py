@@ -37,7 +37,7 @@ LOOPS = ["asyncio", "uvloop"]
 
 @pytest.fixture
 def kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    """"rsock": patched, socket.socket makes rsock sockets; "tcp": not."""
+    """ "rsock": patched, socket.socket makes rsock sockets; "tcp": not."""
     if request.param == "rsock":
         rsock.patch()
     try:
@@ -134,9 +134,7 @@ WAITERS = {
 @pytest.mark.timeout_s(30)
 @pytest.mark.parametrize("kind", KINDS, indirect=True)
 @pytest.mark.parametrize("waiter", list(WAITERS))
-def test_a_poller_sees_a_connection_whose_fileno_was_asked_before(
-    kind: str, waiter: str
-) -> None:
+def test_a_poller_sees_a_connection_whose_fileno_was_asked_before(kind: str, waiter: str) -> None:
     """fileno() first (an rsock connection's is lazy then), the poller after:
     it sees nothing, then the data the peer sends, then nothing again once
     read; the fd number never changes."""
@@ -1263,3 +1261,100 @@ def test_an_epoll_dropped_unclosed_closes_its_fd_at_once(kind: str) -> None:
                 assert e.value.errno == errno.EBADF
     finally:
         gc.enable()
+
+
+def _handoff_server(
+    sel: selectors.BaseSelector, listener: socket.socket, stop: threading.Event
+) -> None:
+    """cheroot's shape: this thread polls the selector; a worker thread
+    serves each request and hands the connection back to the selector
+    (``register`` from the worker while this thread waits in ``select``).
+    Closes its connections when ``stop`` is set."""
+    conns = []
+    workers = []
+
+    def serve(conn: socket.socket) -> None:
+        data = conn.recv(100)
+        if not data:
+            conn.close()
+            return
+        conn.sendall(data)
+        sel.register(conn, selectors.EVENT_READ, "conn")
+
+    while not stop.is_set():
+        for key, _ in sel.select(timeout=2.0):
+            if key.data == "listener":
+                conn, _ = listener.accept()
+                conns.append(conn)
+                sel.register(conn, selectors.EVENT_READ, "conn")
+            else:
+                sel.unregister(key.fileobj)
+                workers.append(threading.Thread(target=serve, args=(key.fileobj,), daemon=True))
+                workers[-1].start()
+    for worker in workers:
+        worker.join(10)
+    for conn in conns:
+        conn.close()
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_a_connection_registered_by_another_thread_is_seen_by_the_waiting_poll(kind: str) -> None:
+    """A keep-alive connection handed back to the selector by a worker
+    thread while the main thread waits in ``select(timeout=2)``: its next
+    request is seen at once, not when the poll times out (the epoll's
+    busy poll left such a registration out of the kernel's epoll: every
+    second request took the whole timeout).  (A poll object sees it at
+    its next poll only, as the stdlib's.)"""
+    stop = threading.Event()
+    with socket.socket() as listener, selectors.EpollSelector() as sel:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        sel.register(listener, selectors.EVENT_READ, "listener")
+        server = threading.Thread(target=_handoff_server, args=(sel, listener, stop), daemon=True)
+        server.start()
+        slow = []
+        with socket.create_connection(listener.getsockname(), timeout=10) as client:
+            for i in range(20):
+                start = time.monotonic()
+                client.sendall(b"%02d" % i)
+                assert client.recv(100) == b"%02d" % i
+                took = time.monotonic() - start
+                if took > 1.0:
+                    slow.append(round(took, 2))
+                time.sleep(0.005)
+        stop.set()
+        server.join(10)
+    assert slow == [], f"requests that waited for the poll's timeout: {slow}"
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("kind", KINDS, indirect=True)
+def test_a_registration_during_the_busy_poll_is_seen_by_it(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The epoll's busy poll after an accept (a long one here, 0.5 s) and a
+    connection registered by another thread in the middle of it, its data
+    there: the poll reports it within the busy poll, and one that goes on
+    into the kernel's wait has it in the epoll (it missed both, and waited
+    for the whole timeout)."""
+    monkeypatch.setenv("RSOCK_LOOP_POLL_US", "500000")
+    with socket.socket() as listener, selectors.EpollSelector() as sel:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        sel.register(listener, selectors.EVENT_READ, "listener")
+        with socket.create_connection(listener.getsockname(), timeout=10) as client:
+            assert [k.data for k, _ in sel.select(5)] == ["listener"]
+            conn, _ = listener.accept()  # (a busy poll follows a listener's accept)
+            with conn:
+                got: list[Any] = []
+                poller = threading.Thread(target=lambda: got.append(sel.select(3.0)))
+                start = time.monotonic()
+                poller.start()
+                time.sleep(0.05)
+                sel.register(conn, selectors.EVENT_READ, "conn")
+                client.sendall(b"x")
+                poller.join(10)
+                took = time.monotonic() - start
+                assert [k.data for k, _ in got[0]] == ["conn"]
+                assert took < 1.5, f"the poll saw the connection after {took:.2f} s"
