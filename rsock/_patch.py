@@ -973,7 +973,12 @@ async def _resolved(loop: Any, sock: _rs.socket, address: Any) -> Any:
 def _wrap_sock_sendall(original: Any) -> Callable[..., Any]:
     @_wraps(original)
     async def sock_sendall(self: Any, sock: Any, data: Any) -> None:
-        if not isinstance(sock, _rs.socket) or not _routable(self) or _routed(self, sock):
+        if (
+            not isinstance(sock, _rs.socket)
+            or sock.provider == "tcp"  # (fell back: a kernel socket, no engine to watch)
+            or not _routable(self)
+            or _routed(self, sock)
+        ):
             _exact(sock)  # (the loop polls its fileno())
             return await original(self, sock, data)  # type: ignore[no-any-return]
         await _sock_sendall(self, sock, data)

@@ -18,6 +18,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
@@ -458,6 +459,57 @@ def test_sock_sendall_cancelled_or_peer_gone(patched: None, run: Any) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_sock_sendall_that_waits_after_a_fallback_to_tcp(
+    kind: str, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sock_sendall`` of 64 MiB on a socket whose connect fell back to TCP
+    (a plain TCP server that reads only after 0.5 s: the sender waits for
+    the kernel's buffer): every byte arrives, as with the stdlib's (the
+    wait watched an engine the socket no longer has: EBADF after ~4 MB)."""
+    import hashlib
+    import threading
+
+    monkeypatch.setenv("RSOCK_FALLBACK", "")  # (this suite's default: never)
+    data = bytes(range(256)) * (64 << 12)
+    got: list[tuple[int, str]] = []
+    with STD_SOCKET() as listener:  # (the stdlib's: the connect falls back)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(30)
+                time.sleep(0.5)
+                digest, n = hashlib.sha256(), 0
+                while chunk := conn.recv(1 << 20):
+                    digest.update(chunk)
+                    n += len(chunk)
+                got.append((n, digest.hexdigest()))
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            with socket.socket() as client:
+                client.setblocking(False)
+                await loop.sock_connect(client, listener.getsockname())
+                if kind == "rsock":
+                    assert client.provider == "tcp"
+                await loop.sock_sendall(client, data)
+
+        if kind == "rsock":
+            rsock.patch()
+        try:
+            run(main())
+        finally:
+            rsock.unpatch()
+        server.join(30)
+    assert got == [(len(data), hashlib.sha256(data).hexdigest())]
+
+
 def _thread_switches() -> dict[str, int]:
     """Context switches so far of each thread of this process, by name."""
     out: dict[str, int] = {}
@@ -465,8 +517,10 @@ def _thread_switches() -> dict[str, int]:
         with open(f"/proc/self/task/{tid}/status") as f:
             d = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
         name = d["Name"].strip()
-        out[name] = out.get(name, 0) + int(d["voluntary_ctxt_switches"]) + int(
-            d["nonvoluntary_ctxt_switches"]
+        out[name] = (
+            out.get(name, 0)
+            + int(d["voluntary_ctxt_switches"])
+            + int(d["nonvoluntary_ctxt_switches"])
         )
     return out
 
@@ -711,9 +765,7 @@ def test_listener_reader_on_the_loop(kind: str, run: Any) -> None:
             c.sendall(b"c%d" % i)
             clients.append(c)
         await asyncio.wait_for(done, 10)
-        assert loop.remove_reader(listener.fileno()) or not isinstance(
-            loop, asyncio.BaseEventLoop
-        )
+        assert loop.remove_reader(listener.fileno()) or not isinstance(loop, asyncio.BaseEventLoop)
         for c in clients:
             c.close()
         listener.close()
@@ -1057,9 +1109,7 @@ def test_calls_that_do_not_fit_raise_what_the_loop_raises(loop_name: str) -> Non
                 asyncio.Protocol, "127.0.0.1", 1, ssl_handshake_timeout=1
             ),
             lambda: loop().create_server(asyncio.Protocol, "127.0.0.1", 0, ssl=True),
-            lambda: loop().create_server(
-                asyncio.Protocol, "127.0.0.1", 0, ssl_shutdown_timeout=1
-            ),
+            lambda: loop().create_server(asyncio.Protocol, "127.0.0.1", 0, ssl_shutdown_timeout=1),
             lambda: loop().create_connection(asyncio.Protocol, ssl=server_ctx, sock=fresh()),
         ]
 
@@ -1097,9 +1147,7 @@ def test_unpatch_restores_the_loop_classes_exactly() -> None:
             assert inspect.signature(wrapper) == inspect.signature(original), name
             assert wrapper.__doc__ == original.__doc__
         rsock.patch()  # idempotent
-        assert {k: vars(k[0])[k[1]] for k in originals} == {
-            k: vars(k[0])[k[1]] for k in originals
-        }
+        assert {k: vars(k[0])[k[1]] for k in originals} == {k: vars(k[0])[k[1]] for k in originals}
     finally:
         rsock.unpatch()
     after = state()
@@ -1236,7 +1284,9 @@ with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as c:
 def _plain(code: str, *args: str) -> subprocess.Popen[str]:
     """A program with the stdlib's sockets (no rsock on its path)."""
     return subprocess.Popen(
-        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        text=True,
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
     )
 
