@@ -2602,8 +2602,14 @@ def _rebuild_in_child(
     listening: bool,
 ) -> socket:
     return _shared_listener(
-        family, type_, proto, timeout, opts, tcp_df.detach(),
-        [(name, df.detach()) for name, df in rv], listening,
+        family,
+        type_,
+        proto,
+        timeout,
+        opts,
+        tcp_df.detach(),
+        [(name, df.detach()) for name, df in rv],
+        listening,
     )
 
 
@@ -2740,9 +2746,15 @@ def adopt_inherited(family: int, type_: int, proto: int, fileno: int) -> socket 
     if sorted(names) != sorted(n for n, _ in rv):
         raise OSError(_errno.ENOTSOCK, f"fd {fileno}: an rsock listener's sockets do not match")
     return _shared_listener(
-        family, type_ if type_ != -1 else _std.SOCK_STREAM, max(proto, 0),
-        _std.getdefaulttimeout(), None, os.dup(tcp_fd),
-        [(n, os.dup(fd)) for n, fd in rv], True, fileno,
+        family,
+        type_ if type_ != -1 else _std.SOCK_STREAM,
+        max(proto, 0),
+        _std.getdefaulttimeout(),
+        None,
+        os.dup(tcp_fd),
+        [(n, os.dup(fd)) for n, fd in rv],
+        True,
+        fileno,
     )
 
 

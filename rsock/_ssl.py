@@ -121,7 +121,6 @@ def wrap_socket(
     )
 
 
-
 class _SSLObject(ssl.SSLObject):
     """``ssl.SSLObject`` with ``get_verified_chain()`` and
     ``get_unverified_chain()`` (public from Python 3.13; before, the

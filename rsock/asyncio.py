@@ -1180,7 +1180,12 @@ async def create_server(
                     s.setsockopt(_std.SOL_SOCKET, _std.SO_REUSEPORT, 1)
                 if af == _std.AF_INET6:
                     s.setsockopt(_std.IPPROTO_IPV6, _std.IPV6_V6ONLY, 1)
-                s.bind(sa)
+                try:
+                    s.bind(sa)
+                except OSError as err:  # (the loops' message, the same errno)
+                    strerror = (err.strerror or "").lower()
+                    msg = f"error while attempting to bind on address {sa!r}: {strerror}"
+                    raise OSError(err.errno, msg) from None
         except BaseException:
             for s in sockets:
                 s.close()

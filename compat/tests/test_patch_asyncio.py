@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.base_events
 import asyncio.selector_events
+import errno
 import functools
 import gc
 import inspect
@@ -508,6 +509,35 @@ def test_sock_sendall_that_waits_after_a_fallback_to_tcp(
             rsock.unpatch()
         server.join(30)
     assert got == [(len(data), hashlib.sha256(data).hexdigest())]
+
+
+@pytest.mark.parametrize("kind", ["tcp", "rsock"])
+def test_start_server_on_a_port_in_use(kind: str, run: Any) -> None:
+    """``asyncio.start_server`` on a port that listens already: the loops'
+    own error, the errno and the message naming the address."""
+
+    async def main() -> str:
+        first = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = port_of(first)
+        try:
+            with pytest.raises(OSError) as e:
+                await asyncio.start_server(lambda r, w: None, "127.0.0.1", port)
+            assert e.value.errno == errno.EADDRINUSE
+            return str(e.value).replace(str(port), "PORT")
+        finally:
+            first.close()
+            await first.wait_closed()
+
+    if kind == "rsock":
+        rsock.patch()
+    try:
+        message = run(main())
+    finally:
+        rsock.unpatch()
+    assert message == (
+        "[Errno 98] error while attempting to bind on address ('127.0.0.1', PORT): "
+        "address already in use"
+    )
 
 
 def _thread_switches() -> dict[str, int]:

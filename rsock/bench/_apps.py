@@ -161,32 +161,69 @@ def build_parser() -> argparse.ArgumentParser:
         "of each side and rsock/TCP (> 1: rsock is better).  A case whose connections did "
         "not all take the fast path fails.",
     )
-    ap.add_argument("--cases", type=parse_cases, default=list(CASES),
-                    help=f"comma list (default all): {', '.join(BY_NAME)}")
-    ap.add_argument("--reps", type=int, default=None,
-                    help="client runs per transport and case (default 5, --quick 2)")
-    ap.add_argument("--rep-time", type=float, default=None, metavar="SECONDS",
-                    help="timed loop of each client run (default 2, --quick 0.5)")
-    ap.add_argument("--warmup", type=float, default=None, metavar="SECONDS",
-                    help="each client run's loop before the timed one (default 0.5, "
-                    "--quick 0.2)")
-    ap.add_argument("--pin", choices=("split", "none"), default="split",
-                    help="split: servers on the first CPU, clients on the second (default); "
-                    "none: leave placement to the scheduler")
-    ap.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                    help="limit for each process beyond its warm-up and timed loop, and "
-                    "for a server to start or stop (default 60)")
+    ap.add_argument(
+        "--cases",
+        type=parse_cases,
+        default=list(CASES),
+        help=f"comma list (default all): {', '.join(BY_NAME)}",
+    )
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="client runs per transport and case (default 5, --quick 2)",
+    )
+    ap.add_argument(
+        "--rep-time",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="timed loop of each client run (default 2, --quick 0.5)",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="each client run's loop before the timed one (default 0.5, --quick 0.2)",
+    )
+    ap.add_argument(
+        "--pin",
+        choices=("split", "none"),
+        default="split",
+        help="split: servers on the first CPU, clients on the second (default); "
+        "none: leave placement to the scheduler",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="limit for each process beyond its warm-up and timed loop, and "
+        "for a server to start or stop (default 60)",
+    )
     ap.add_argument("--quick", action="store_true", help="2 reps of 0.5 s")
-    ap.add_argument("--tcp-heap-hint", action="store_true",
-                    help="run the TCP programs after the change rsock's first socket makes "
-                    "to glibc's malloc (its mmap threshold raised, see the README), to "
-                    "show what that change alone is worth")
-    ap.add_argument("--json", dest="json_path", metavar="PATH",
-                    help="write the environment, the configuration and every sample as JSON")
-    ap.add_argument("--plot", dest="plot_path", metavar="PATH.png",
-                    help="draw rsock/TCP per case (bar: ratio of the medians, dots: each "
-                    "rep's rsock figure over the same rep's TCP figure); needs matplotlib "
-                    "(pip install 'rsock[bench]')")
+    ap.add_argument(
+        "--tcp-heap-hint",
+        action="store_true",
+        help="run the TCP programs after the change rsock's first socket makes "
+        "to glibc's malloc (its mmap threshold raised, see the README), to "
+        "show what that change alone is worth",
+    )
+    ap.add_argument(
+        "--json",
+        dest="json_path",
+        metavar="PATH",
+        help="write the environment, the configuration and every sample as JSON",
+    )
+    ap.add_argument(
+        "--plot",
+        dest="plot_path",
+        metavar="PATH.png",
+        help="draw rsock/TCP per case (bar: ratio of the medians, dots: each "
+        "rep's rsock figure over the same rep's TCP figure); needs matplotlib "
+        "(pip install 'rsock[bench]')",
+    )
     return ap  # fmt: skip
 
 
@@ -503,8 +540,9 @@ class Result:
             "figures": {t: self.figures(t) for t in TRANSPORTS},
             "median": {t: self.median(t) for t in TRANSPORTS},
             "ratio_rsock_tcp": self.ratio(),
-            "busy": {t: {side: self.busy(t, side) for side in ("client", "server")}
-                     for t in TRANSPORTS},  # fmt: skip
+            "busy": {
+                t: {side: self.busy(t, side) for side in ("client", "server")} for t in TRANSPORTS
+            },  # fmt: skip
             "reports": self.reports,
         }
 
@@ -619,8 +657,16 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
         + ("; TCP with rsock's heap hint (--tcp-heap-hint)" if opts.tcp_heap_hint else ""),
         "",
     ]
-    head = ["case", "unit", "TCP", "rsock", "rsock/TCP", "TCP busy c/s", "user c/s",
-            "rsock fast path"]
+    head = [
+        "case",
+        "unit",
+        "TCP",
+        "rsock",
+        "rsock/TCP",
+        "TCP busy c/s",
+        "user c/s",
+        "rsock fast path",
+    ]
     rows: list[list[str]] = []
     notes: list[str] = []
     for r in results:

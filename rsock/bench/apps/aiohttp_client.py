@@ -59,8 +59,12 @@ async def loop(
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": nbytes, "elapsed": elapsed,
-                    "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]]}
+            return {
+                "count": count,
+                "bytes": nbytes,
+                "elapsed": elapsed,
+                "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+            }
 
 
 async def main(port: int, mode: str, seconds: float, warmup: float) -> None:

@@ -13,6 +13,11 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not message.get("more_body"):
             break
     out = b"hello" if scope["path"] == "/small" else BIG
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-length", str(len(out)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-length", str(len(out)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": out})

@@ -53,8 +53,12 @@ def run(
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * SIZE, "elapsed": elapsed,
-                    "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]]}
+            return {
+                "count": count,
+                "bytes": count * SIZE,
+                "elapsed": elapsed,
+                "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+            }
 
 
 def main(port: int, mode: str, seconds: float, warmup: float) -> None:

@@ -26,8 +26,12 @@ def loop(client: httpx.Client, url: str, want: bytes, seconds: float) -> dict[st
         nbytes += len(body)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": nbytes, "elapsed": elapsed,
-                    "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]]}
+            return {
+                "count": count,
+                "bytes": nbytes,
+                "elapsed": elapsed,
+                "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+            }
 
 
 def main(port: int, mode: str, seconds: float, warmup: float) -> None:

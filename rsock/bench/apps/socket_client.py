@@ -34,8 +34,12 @@ def timed(step: Callable[[], None], seconds: float) -> dict[str, object]:
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed,
-                    "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]]}
+            return {
+                "count": count,
+                "bytes": count * len(MSG),
+                "elapsed": elapsed,
+                "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+            }
 
 
 def main(port: int, mode: str, seconds: float, warmup: float) -> None:

@@ -36,8 +36,12 @@ async def timed(step: Callable[[], Awaitable[None]], seconds: float) -> dict[str
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * len(MSG), "elapsed": elapsed,
-                    "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]]}
+            return {
+                "count": count,
+                "bytes": count * len(MSG),
+                "elapsed": elapsed,
+                "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+            }
 
 
 async def round_trip(stream: trio.SocketStream) -> None:

@@ -31,8 +31,12 @@ async def timed(
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            return {"count": count, "bytes": count * size, "elapsed": elapsed,
-                    "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]]}
+            return {
+                "count": count,
+                "bytes": count * size,
+                "elapsed": elapsed,
+                "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+            }
 
 
 async def echo(ws: ClientConnection, message: bytes) -> None:
