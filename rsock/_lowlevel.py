@@ -14,8 +14,7 @@ import resource
 import signal
 import socket as _stdsocket
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     from rsock import _fastcall
@@ -63,8 +62,7 @@ STATS_FIELDS: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Opts:
+class Opts(NamedTuple):
     ring_size: int
     qdepth: int
     inline_max: int

@@ -57,8 +57,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import importlib.abc
-import importlib.machinery
 import itertools
 import operator
 import os
@@ -72,7 +70,10 @@ import types
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import importlib.machinery
 
 from rsock import _lowlevel as _ll
 from rsock import _socket as _rs
@@ -99,6 +100,10 @@ _saved: dict[str, Any] = {}
 _counts: Counter[str] = Counter()
 _counts_lock = threading.Lock()
 _observer: Callable[[str], None] | None = None  # rsock._inherit's report log
+# rsock._census (run with --report or RSOCK_FALLBACK=strict; it counts the
+# kernel TCP connections made outside the socket module, "unseen:tcp"): told
+# of each stdlib socket this class makes or adopts, counted here already
+census: Callable[[Any], None] | None = None
 
 
 def _note(key: str) -> None:
@@ -255,6 +260,10 @@ class socket(_Std, metaclass=_SocketMeta):
             # shows it (ssl's adopt an fd: not new)
             if _active and _wants_rsock(family, type, proto, fileno):
                 _note("kernel:tcp")
+                if census is not None:  # (its fd is made by __init__, later)
+                    made = super().__new__(cls)
+                    census(made)
+                    return made
             return super().__new__(cls)
         why = _stays_stdlib() if _active else "rsock"
         ours = not why
@@ -270,6 +279,8 @@ class socket(_Std, metaclass=_SocketMeta):
         # not an instance of this class, so type.__call__ runs no __init__ on it
         try:
             std = _Std(family, type, proto, fileno)
+            if census is not None:
+                census(std)
             if ours:
                 _note("stdlib")
             return std
@@ -618,9 +629,11 @@ def _imported(module: types.ModuleType) -> None:
             _patch_loops(module)
 
 
-class _HookLoader(importlib.abc.Loader):
+class _HookLoader:
     """The real loader of a module in ``_HOOKED``, plus the patching once
-    it has run.  The module and its spec get the real loader back first."""
+    it has run.  The module and its spec get the real loader back first.
+    (The import system's protocol, not importlib.abc's classes: importing
+    that module costs a process ~1.4 MB, which every fork copies.)"""
 
     def __init__(self, loader: Any, spec: importlib.machinery.ModuleSpec) -> None:
         self._loader = loader
@@ -641,7 +654,7 @@ class _HookLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     """Finds nothing itself: for a module in ``_HOOKED`` it asks the
     finders after it and wraps the loader of what they found."""
 
@@ -660,7 +673,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _HookLoader(spec.loader, spec)
+            spec.loader = _HookLoader(spec.loader, spec)  # type: ignore[assignment]
         return spec
 
 

@@ -25,7 +25,6 @@ watch a connection through ``rsock._readiness.Watch`` (``socket.watch()``).
 from __future__ import annotations
 
 import _socket as _ksocket
-import dataclasses
 import errno as _errno
 import io
 import math
@@ -39,9 +38,10 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
-from typing_extensions import Buffer
+if TYPE_CHECKING:  # (typing_extensions costs ~2 MB at run time: a fork copies it)
+    from typing_extensions import Buffer
 
 from rsock import _lowlevel as _ll
 from rsock import _paths
@@ -1319,7 +1319,7 @@ class socket:
                 core.ring_set = True
                 core.bufreq[optname] = ring_for_bufsize(v)
                 ring = max(core.bufreq.values())
-                rc = _ll.set_opts(h, dataclasses.replace(_ll.get_opts(h), ring_size=ring))
+                rc = _ll.set_opts(h, _ll.get_opts(h)._replace(ring_size=ring))
                 if rc < 0:
                     raise _ll.oserror(rc)
             return
@@ -1636,7 +1636,7 @@ class socket:
             # registered memory is pinned: the smaller default
             o = _ll.get_opts(h)
             if o.ring_size != VERBS_RING_SIZE:
-                rc = _ll.set_opts(h, dataclasses.replace(o, ring_size=VERBS_RING_SIZE))
+                rc = _ll.set_opts(h, o._replace(ring_size=VERBS_RING_SIZE))
                 if rc < 0:
                     return rc
         timeout, deadline = _clock((timeout_ms or 10000) / 1000)

@@ -50,9 +50,10 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, NoReturn, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NoReturn, Self, TypeVar, cast
 
-from typing_extensions import Buffer
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 from rsock import _socket as _rs
 
