@@ -11,8 +11,10 @@ same way.  Its exit status is ours.  The Python processes it starts are
 patched too, through the environment (``rsock._inherit``), unless
 ``--no-inherit``.  ``--report FILE`` writes the patch's counters (rsock and
 stdlib sockets created, connections per provider, asyncio calls routed to
-rsock.asyncio), summed over every patched process of the tree, with
-``processes`` (how many), to FILE as JSON when the top process exits.
+rsock.asyncio, and ``unseen:tcp``: kernel TCP connections made outside
+Python's socket module, by C extensions, which rsock cannot carry), summed
+over every patched process of the tree, with ``processes`` (how many), to
+FILE as JSON when the top process exits.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ asyncio's loops and on uvloop) run on rsock.asyncio.
   script         run a script, a directory or a zip file with __main__.py
                  (- reads the program from standard input)
   --report FILE  at exit, write the patch counters (sockets, connections per provider,
-                 routed asyncio calls), summed over the process tree, to FILE as JSON
+                 routed asyncio calls), summed over the process tree, to FILE as JSON;
+                 unseen:tcp counts the kernel TCP connections made outside Python's
+                 socket module (C extensions: grpcio, pyzmq, ...), which rsock cannot carry
   --no-inherit   patch this process only; by default the Python processes it starts
                  (subprocess, multiprocessing spawn/forkserver, workers) are patched
                  too, through the environment (RSOCK_RUN=1 and PYTHONPATH)

@@ -17,6 +17,10 @@ Python process it starts (the start-up hook in ``rsock/_boot``):
 
 A ``fork()`` child is patched already (the patch is process memory); it
 starts its own count file and its own in-memory counters.
+
+With a report, or ``RSOCK_FALLBACK=strict``, each patched process also
+counts the kernel TCP connections it holds that were made outside Python's
+``socket`` module (``unseen:tcp``: ``rsock._census``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import sys
 import tempfile
 from collections import Counter
 
-from rsock import _patch
+from rsock import _patch, _paths
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 ENV_RUN = "RSOCK_RUN"
@@ -105,6 +109,13 @@ def _record_to(directory: str | None) -> None:
         _open_log()
         _patch.set_observer(_log)
         os.register_at_fork(after_in_child=_after_fork_in_child)
+    strict = _paths.fallback_mode() == "strict"
+    if directory is not None or strict:
+        # the kernel TCP connections made outside the socket module
+        # ("unseen:tcp"); after the hooks above (a fork child's count file)
+        from rsock import _census
+
+        _census.start(strict)
 
 
 def start_child() -> None:
