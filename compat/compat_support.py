@@ -3,6 +3,11 @@
 A program runs over ``tcp`` as ``python prog ...`` (the oracle) and over ``rsock``
 as ``python -m rsock run --report FILE prog ...``, whose report (the patch's
 counters, written at exit) proves that its connections took rsock's fast path.
+
+A client that makes requests or messages in a loop times each one and prints a
+line ``LATENCIES {"kind": [seconds, ...], ...}``; the tests apply the stall rule
+to each kind on both transports (``check_no_stall``): a stall is a bug, not a
+speed figure.
 """
 
 from __future__ import annotations
@@ -16,9 +21,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
+
+# The stall rule, the one `python -m rsock.bench apps` applies: a list of latencies
+# stalled when its slowest is above STALL_MAX_S while its median is below STALL_MEDIAN_S.
+from rsock.bench._apps import (  # noqa: F401 - the rule, for the tests
+    STALL_MAX_S,
+    STALL_MEDIAN_S,
+    latency_median,
+    stall_problem,
+    stalled,
+)
 
 COMPAT_DIR = Path(__file__).resolve().parent
 PROGRAMS = COMPAT_DIR / "programs"
@@ -246,6 +261,42 @@ def check_listener(transport: str, port: int) -> None:
     if transport == "rsock":
         established = kernel_tcp_sockets(port, "01")
         assert established == 0, f"{established} kernel TCP connections on port {port}"
+
+
+LATENCIES = "LATENCIES"
+
+
+def split_latencies(output: str) -> tuple[str, dict[str, list[float]]]:
+    """A program's output without its ``LATENCIES {...}`` line, and that line's
+    latencies (seconds, per kind of request or message, in order)."""
+    rest: list[str] = []
+    found: dict[str, list[float]] | None = None
+    for line in output.splitlines(keepends=True):
+        if line.startswith(LATENCIES + " "):
+            assert found is None, f"two {LATENCIES} lines:\n{output[-3000:]}"
+            kinds = json.loads(line[len(LATENCIES) + 1 :])
+            found = {str(k): [float(x) for x in v] for k, v in kinds.items()}
+        else:
+            rest.append(line)
+    assert found is not None, f"no {LATENCIES} line in the output:\n{output[-3000:]}"
+    return "".join(rest), found
+
+
+def check_no_stall(
+    latencies: dict[str, list[float]], who: str, exempt: Collection[str] = ()
+) -> None:
+    """The stall rule on each kind of ``latencies`` but the ``exempt`` ones (a
+    handful of huge transfers, a deliberate wait: recorded, not judged); every
+    kind must have been timed at least once."""
+    assert set(exempt) <= set(latencies), (sorted(exempt), sorted(latencies))
+    problems = []
+    for kind, values in latencies.items():
+        assert values, f"{who}: no {kind!r} latency"
+        if kind not in exempt:
+            problem = stall_problem(values, f"{who}, {kind!r}")
+            if problem:
+                problems.append(problem)
+    assert not problems, "\n".join(problems)
 
 
 def no_tracebacks(text: str, who: str) -> None:

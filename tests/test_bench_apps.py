@@ -1,5 +1,6 @@
 """Smoke test of ``python -m rsock.bench apps`` (one cheap case, tiny reps: an outcome
-check, not a measurement)."""
+check, not a measurement).  Every run must be free of stalls (the stall rule on each
+client run's latencies: a liveness check, not a timed test)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -34,14 +38,25 @@ def run_apps(
     return proc, out
 
 
+def check_no_stall(case: dict[str, Any]) -> None:
+    """A case of the --json: every client run timed each of its requests, and the
+    stall rule found nothing on either transport."""
+    assert case["stall"] == {"tcp": False, "rsock": False}, case["stall"]
+    for transport in ("tcp", "rsock"):
+        for s in case["samples"][transport]:
+            assert s["stall"] is None and s["latency"]["n"] == s["count"], s
+            assert "latencies" not in s  # (a summary in the JSON, not every latency)
+
+
 def connections_made(out: Path) -> dict[str, int]:
     """Per case of the --json at ``out``: the rsock connections its clients made,
-    after checking that the case passed, every rep of both sides counted, and
-    every connection of the server and the clients took shm (each made one
-    accepted by the server, none on TCP)."""
+    after checking that the case passed, every rep of both sides counted, no
+    stall, and every connection of the server and the clients took shm (each
+    made one accepted by the server, none on TCP)."""
     made: dict[str, int] = {}
     for case in json.loads(out.read_text())["cases"]:
         assert case["status"] == "ok" and case["fast_path"] is True, case
+        check_no_stall(case)
         for transport in ("tcp", "rsock"):
             assert all(s["count"] > 0 for s in case["samples"][transport]), case
         clients = case["reports"]["client"]
@@ -61,9 +76,10 @@ def test_apps_tornado_round_trips_both_sides_fast_path(tmp_path: Path) -> None:
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
     [row] = [line for line in proc.stdout.splitlines() if line.startswith("tornado ")]
-    # case, unit, TCP "median [min-max]", rsock "median [min-max]", ratio, fast path
+    # case, unit, TCP "median [min-max]", rsock "median [min-max]", ratio, fast path, stall
     assert " RT/s " in row and row.count("[") == 2, row
     assert "x  " in row and "yes (2 conns)" in row and "FAILED" not in proc.stdout, row
+    assert row.endswith("  no") and "STALL" not in text, row
 
     doc = json.loads(out.read_text())
     [case] = doc["cases"]
@@ -75,6 +91,7 @@ def test_apps_tornado_round_trips_both_sides_fast_path(tmp_path: Path) -> None:
         assert case["median"][transport] > 0
     assert case["ratio_rsock_tcp"] > 0
     assert case["fast_path"] is True
+    check_no_stall(case)
     # each side's share of a rep on the CPU: the client's count of its loop,
     # the server's process tree sampled around it (a round-trip loop keeps
     # the client busy; the shares are fractions of the time, not above ~1)
@@ -108,6 +125,7 @@ def test_apps_dask_worker_to_worker_every_connection_on_shm(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [case] = json.loads(out.read_text())["cases"]
     assert case["case"] == "dask-w2w" and case["status"] == "ok", case
+    check_no_stall(case)  # (64 MB transfers: a median far above 10 ms never stalls)
     for transport in ("tcp", "rsock"):
         samples = case["samples"][transport]
         assert len(samples) == 2, samples
@@ -185,3 +203,65 @@ def test_tree_cpu_counts_the_descendants() -> None:
     assert cpu is not None and 0.55 <= cpu[0] < 5 and 0.5 <= cpu[1] <= cpu[0], cpu
     assert own is not None and own[0] >= cpu[0], (own, cpu)  # this process's tree holds it
     assert _apps.tree_cpu(proc.pid) is None  # gone: no /proc entry
+
+
+def client_output(latencies: list[float]) -> str:
+    """What a client of apps/ prints: its result as one JSON line."""
+    return json.dumps(
+        {"count": len(latencies), "bytes": 64 * len(latencies), "elapsed": sum(latencies),
+         "latencies": latencies}
+    ) + "\n"  # fmt: skip
+
+
+def test_a_client_run_that_stalls() -> None:
+    """The rule on one client run's latencies: 50 fast round trips and one of
+    200 ms stall (the sample says where), 50 fast ones and one of 20 ms do not."""
+    case = _apps.BY_NAME["selectors-rtt"]
+    fast = [0.0001] * 50
+    ok = _apps.client_sample(case, "tcp", "warming up\n" + client_output([*fast, 0.02]))
+    assert ok["stall"] is None and "latencies" not in ok
+    assert ok["latency"]["n"] == 51 and ok["latency"]["max"] == 0.02
+    stalled = _apps.client_sample(case, "rsock", client_output([*fast[:10], 0.2, *fast[10:]]))
+    assert stalled["stall"].startswith("stall in selectors-rtt rsock rep: 51 latencies, ")
+    assert "max 200.0 ms" in stalled["stall"] and "slowest: #10 200.0 ms" in stalled["stall"]
+    assert stalled["latency"]["slowest"][0] == [10, 0.2]
+    with pytest.raises(RuntimeError, match="timed 50 of 51"):
+        line = json.loads(client_output(fast))
+        _apps.client_sample(case, "tcp", json.dumps({**line, "count": 51}))
+
+
+@pytest.mark.timeout_s(30)
+def test_a_stall_fails_the_case_and_shows_in_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A case whose rsock runs stall (one request of 200 ms among fast ones)
+    fails, with the stall as its reason; the JSON says which transport stalled
+    and the table's stall column shows it.  No process is started."""
+    case = _apps.BY_NAME["selectors-rtt"]
+    opts = _apps.parse_options(["--cases", case.name, "--reps", "2", "--pin", "none"])
+
+    def client(opts: object, case: _apps.AppCase, transport: str, *rest: object) -> Any:
+        slow = 0.2 if transport == "rsock" else 0.002
+        return _apps.client_sample(case, transport, client_output([0.0001] * 50 + [slow]))
+
+    fake = SimpleNamespace(pid=-1)  # (tree_cpu: no such process, no figure)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_apps, "start_server", lambda o, c, transport, tmp: _apps.Server(
+        transport, fake, tmp / "out", tmp / "err", tmp / "report", False))  # fmt: skip
+    monkeypatch.setattr(_apps, "stop_server", lambda server, grace: None)
+    monkeypatch.setattr(_apps, "run_client", client)
+    monkeypatch.setattr(_apps, "read_report", lambda path: {"connect:shm": 1, "accept:shm": 1})
+    said: list[str] = []
+    result = _apps.run_case(opts, case, said.append)
+    assert result.status == "failed", result.reason
+    assert result.reason.startswith("stall in selectors-rtt rsock rep: 51 latencies"), result.reason
+    assert "(and 1 more reps)" in result.reason, result.reason
+    assert sum(line.startswith("  STALL in selectors-rtt rsock rep") for line in said) == 2, said
+    doc = result.to_json()
+    assert doc["stall"] == {"tcp": False, "rsock": True}
+    assert [s["stall"] is None for s in doc["samples"]["tcp"]] == [True, True]
+    assert doc["median"]["rsock"] > 0  # the figures stay
+    table = _apps.render(_apps.environment(opts), opts, [result])
+    [row] = [line for line in table.splitlines() if line.startswith(case.title)]
+    assert row.endswith("STALL rsock") and "FAILED" in row, row
+    assert f"FAILED {case.name}: stall in selectors-rtt rsock rep" in table, table

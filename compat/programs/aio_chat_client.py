@@ -6,16 +6,30 @@
 N members join at once, wait for each other, each sends M messages of varied
 length (up to 20 kB) to the others, meet at a second barrier and check that
 every other member's messages arrived complete and in order; then each sends
-blobs (1 B .. K KiB) and checks the reversed echo, and quits.  Prints one JSON
-line (connections, messages sent and received, blob bytes, SHA-256 of all it
-received, in a canonical order) and exits 1 if anything differs.
+blobs (1 B .. K KiB) and checks the reversed echo, and quits.  Prints the
+latencies of every command that has a reply (``LATENCIES`` and a JSON object:
+seconds per command, blobs per size), then one JSON line (connections, messages
+sent and received, blob bytes, SHA-256 of all it received, in a canonical order)
+and exits 1 if anything differs.
 """
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import sys
+import time
+
+LATENCIES = {}  # seconds, per kind of request, in order of completion
+
+
+@contextlib.contextmanager
+def timed(kind):
+    """Times what runs in the block: one request (or message) of ``kind``."""
+    start = time.perf_counter()
+    yield
+    LATENCIES.setdefault(kind, []).append(time.perf_counter() - start)
 
 
 def text(sender, k):
@@ -40,28 +54,31 @@ async def member(i, host, port, clients, messages, blob_sizes):
     name = b"c%d" % i
     reader, writer = await asyncio.open_connection(host, port)
     digest = hashlib.sha256()
-    writer.write(b"NICK " + name + b"\n")
-    await writer.drain()
-    await expect(reader, b"OK " + name + b"\n")
-    writer.write(b"SYNC 1 %d\n" % clients)
-    await writer.drain()
-    await expect(reader, b"SYNCED 1\n")
+    with timed("NICK"):
+        writer.write(b"NICK " + name + b"\n")
+        await writer.drain()
+        await expect(reader, b"OK " + name + b"\n")
+    with timed("SYNC 1"):
+        writer.write(b"SYNC 1 %d\n" % clients)
+        await writer.drain()
+        await expect(reader, b"SYNCED 1\n")
 
     for k in range(messages):
         writer.write(b"MSG " + text(i, k) + b"\n")
         if k % 16 == 15:
             await writer.drain()
-    writer.write(b"SYNC 2 %d\n" % clients)
-    await writer.drain()
-    received = {}
-    while True:
-        line = await reader.readline()
-        if line == b"SYNCED 2\n":
-            break
-        tag, sender, body = line.rstrip(b"\n").split(b" ", 2)
-        if tag != b"FROM":
-            raise AssertionError(f"member {i}: unexpected {line[:200]!r}")
-        received.setdefault(int(sender[1:]), []).append(body)
+    with timed("SYNC 2"):
+        writer.write(b"SYNC 2 %d\n" % clients)
+        await writer.drain()
+        received = {}
+        while True:
+            line = await reader.readline()
+            if line == b"SYNCED 2\n":
+                break
+            tag, sender, body = line.rstrip(b"\n").split(b" ", 2)
+            if tag != b"FROM":
+                raise AssertionError(f"member {i}: unexpected {line[:200]!r}")
+            received.setdefault(int(sender[1:]), []).append(body)
     for j in range(clients):
         if j == i:
             continue
@@ -76,18 +93,21 @@ async def member(i, host, port, clients, messages, blob_sizes):
 
     for n, size in enumerate(blob_sizes):
         data = blob(size, i * 100 + n)
-        writer.write(b"BLOB %d\n" % size)
-        writer.write(data)
-        await writer.drain()
-        await expect(reader, b"BLOB %d %s\n" % (size, hashlib.sha256(data).hexdigest().encode()))
-        back = await reader.readexactly(size)
+        want = b"BLOB %d %s\n" % (size, hashlib.sha256(data).hexdigest().encode())
+        with timed(f"BLOB {size}"):
+            writer.write(b"BLOB %d\n" % size)
+            writer.write(data)
+            await writer.drain()
+            await expect(reader, want)
+            back = await reader.readexactly(size)
         if back != data[::-1]:
             raise AssertionError(f"member {i}: blob of {size} bytes came back wrong")
         digest.update(back)
 
-    writer.write(b"QUIT\n")
-    await writer.drain()
-    await expect(reader, b"BYE " + name + b" %d\n" % messages)
+    with timed("QUIT"):
+        writer.write(b"QUIT\n")
+        await writer.drain()
+        await expect(reader, b"BYE " + name + b" %d\n" % messages)
     rest = await reader.read()
     if rest:
         raise AssertionError(f"member {i}: {rest[:200]!r} after BYE")
@@ -136,5 +156,7 @@ if __name__ == "__main__":
         run = uvloop.run
     else:
         run = asyncio.run
-    print(json.dumps(run(main(args)), sort_keys=True))
+    result = run(main(args))
+    print("LATENCIES", json.dumps(LATENCIES))
+    print(json.dumps(result, sort_keys=True))
     sys.exit(0)

@@ -7,12 +7,14 @@ Each connection first sends messages of growing size and reads each echo back,
 then streams --bulk-mib MiB from one thread while another reads the echo, and
 half-closes.  With --slow-reader S it sends all of the bulk data first,
 half-closes, and only starts reading S seconds later (the server has to buffer
-what it cannot send and wait until the socket is writable again).  Prints one
-JSON line (connections, bytes, SHA-256 of everything echoed) and exits 1 if
-anything differs.
+what it cannot send and wait until the socket is writable again).  Prints the
+latencies (``LATENCIES`` and a JSON object: the seconds of each request/response
+and of each connection's bulk echo), then one JSON line (connections, bytes,
+SHA-256 of everything echoed) and exits 1 if anything differs.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import socket
@@ -21,6 +23,16 @@ import threading
 import time
 
 SIZES = [1, 2, 100, 1000, 4096, 10000, 65536, 100000, 300000]
+
+LATENCIES = {}  # seconds, per kind of request, in order of completion
+
+
+@contextlib.contextmanager
+def timed(kind):
+    """Times what runs in the block: one request (or message) of ``kind``."""
+    start = time.perf_counter()
+    yield
+    LATENCIES.setdefault(kind, []).append(time.perf_counter() - start)
 
 
 def pattern(n, seed):
@@ -44,8 +56,9 @@ def run_client(host, port, client, bulk, slow_reader, timeout, out):
     with sock:
         for k, size in enumerate(SIZES):
             msg = pattern(size, client * 100 + k)
-            sock.sendall(msg)
-            back = recv_exact(sock, size)
+            with timed("request_response"):
+                sock.sendall(msg)
+                back = recv_exact(sock, size)
             if back != msg:
                 raise AssertionError(f"client {client}: echo of {size} bytes differs")
             digest.update(back)
@@ -61,18 +74,19 @@ def run_client(host, port, client, bulk, slow_reader, timeout, out):
             except BaseException as e:  # reported by the reader
                 errors.append(e)
 
-        sender = threading.Thread(target=send_all)
-        sender.start()
-        if slow_reader is not None:
+        with timed("bulk"):
+            sender = threading.Thread(target=send_all)
+            sender.start()
+            if slow_reader is not None:
+                sender.join()
+                time.sleep(slow_reader)
+            echoed = bytearray()
+            while True:
+                chunk = sock.recv(1 << 16)
+                if not chunk:
+                    break
+                echoed += chunk
             sender.join()
-            time.sleep(slow_reader)
-        echoed = bytearray()
-        while True:
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                break
-            echoed += chunk
-        sender.join()
         if errors:
             raise errors[0]
         if echoed != data:
@@ -111,6 +125,7 @@ def main():
     total = hashlib.sha256()
     for i in range(args.clients):
         total.update(out[i][1].encode())
+    print("LATENCIES", json.dumps(LATENCIES), flush=True)
     print(
         json.dumps(
             {

@@ -2,16 +2,30 @@
 
     python line_client.py HOST PORT [--clients N] [--rounds N]
 
-Every reply is checked; prints one JSON line (connections, commands, SHA-256 of
-all replies in a fixed order) and exits 1 on the first wrong reply.
+Every reply is checked; prints the latencies (``LATENCIES`` and a JSON object: the
+seconds of each request sent one at a time, and of each connection's pipelined
+batch), then one JSON line (connections, commands, SHA-256 of all replies in a fixed
+order) and exits 1 on the first wrong reply.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import socket
 import sys
 import threading
+import time
+
+LATENCIES = {}  # seconds, per kind of request, in order of completion
+
+
+@contextlib.contextmanager
+def timed(kind):
+    """Times what runs in the block: one request (or message) of ``kind``."""
+    start = time.perf_counter()
+    yield
+    LATENCIES.setdefault(kind, []).append(time.perf_counter() - start)
 
 
 def pattern(n, seed):
@@ -59,14 +73,16 @@ def run_client(host, port, client, rounds, out):
         # one request at a time, then the small ones pipelined (small, so that
         # neither side can fill its buffers while the other is not reading)
         for request, expected in steps[:half]:
-            f.write(request)
+            with timed("request"):
+                f.write(request)
+                f.flush()
+                check(f, expected, digest, client)
+        with timed("pipelined"):
+            for request, _ in steps[half:]:
+                f.write(request)
             f.flush()
-            check(f, expected, digest, client)
-        for request, _ in steps[half:]:
-            f.write(request)
-        f.flush()
-        for _, expected in steps[half:]:
-            check(f, expected, digest, client)
+            for _, expected in steps[half:]:
+                check(f, expected, digest, client)
         if f.read(1) != b"":
             raise AssertionError(f"client {client}: data after BYE")
     out[client] = (len(steps), digest.hexdigest())
@@ -110,6 +126,7 @@ def main():
     total = hashlib.sha256()
     for i in range(args.clients):
         total.update(out[i][1].encode())
+    print("LATENCIES", json.dumps(LATENCIES), flush=True)
     print(
         json.dumps(
             {

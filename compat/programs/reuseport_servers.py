@@ -3,15 +3,17 @@
 ``asyncio.start_server(..., reuse_port=True)`` on the same port; the parent
 starts the first, waits until it serves, starts the second, then connects 40
 times (each connection echoes a line, upper-cased, with the server's number)
-and stops both.  Prints how many replies came and the servers' exit
-statuses."""
+and stops both.  Prints how many replies came, the seconds each connection
+took (``LATENCIES`` and a JSON object) and the servers' exit statuses."""
 
 import asyncio
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 if len(sys.argv) == 3:  # a server: its number and the port
     me, port = sys.argv[1], int(sys.argv[2])
@@ -44,13 +46,17 @@ try:
         assert p.stdout is not None
         assert p.stdout.readline().strip() == b"READY"
     replies = set()
+    latencies = []
     for i in range(40):
+        start = time.perf_counter()
         with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
             c.sendall(b"hello %d\n" % i)
             words = c.makefile("rb").readline().split()
             assert words[:2] == [b"HELLO", b"%d" % i] and words[2] in (b"1", b"2"), words
             replies.add(i)
+        latencies.append(time.perf_counter() - start)
     print("replies", len(replies))
+    print("LATENCIES", json.dumps({"connection": latencies}))
 finally:
     for p in servers:  # (also when one failed: none is left running)
         if p.poll() is None:

@@ -2,15 +2,42 @@
 
     python xmlrpc_client.py URL [--repeat N]
 
-Checks every result; prints one JSON line (calls made, SHA-256 of the results)
-and exits 1 on the first wrong one.
+Checks every result; prints the latencies (``LATENCIES`` and a JSON object: the
+seconds of each HTTP request per method, timed by a ``Transport`` subclass), then
+one JSON line (calls made, SHA-256 of the results) and exits 1 on the first wrong
+one.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
+import time
 import xmlrpc.client
+
+LATENCIES = {}  # seconds, per kind of request, in order of completion
+
+
+@contextlib.contextmanager
+def timed(kind):
+    """Times what runs in the block: one request (or message) of ``kind``; a
+    request answered with a Fault too."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        LATENCIES.setdefault(kind, []).append(time.perf_counter() - start)
+
+
+class TimedTransport(xmlrpc.client.Transport):
+    """The standard transport, timing each request (one per call; a multicall is
+    one ``system.multicall``)."""
+
+    def request(self, host, handler, request_body, verbose=False):
+        method = request_body.partition(b"<methodName>")[2].partition(b"<")[0]
+        with timed(method.decode()):
+            return super().request(host, handler, request_body, verbose)
 
 
 def expect(got, want, what):
@@ -55,9 +82,13 @@ def main():
     args = parser.parse_args()
     results = []
     calls = 0
-    with xmlrpc.client.ServerProxy(args.url, allow_none=True, use_builtin_types=True) as proxy:
+    transport = TimedTransport(use_builtin_types=True)
+    with xmlrpc.client.ServerProxy(
+        args.url, transport=transport, allow_none=True, use_builtin_types=True
+    ) as proxy:
         for i in range(args.repeat):
             calls += session(proxy, i, results)
+    print("LATENCIES", json.dumps(LATENCIES), flush=True)
     print(
         json.dumps(
             {"calls": calls, "sha256": hashlib.sha256(repr(results).encode()).hexdigest()},

@@ -1,5 +1,7 @@
 """(b) a ``socketserver.ThreadingTCPServer`` line protocol (``makefile`` +
-``readline``), server and concurrent clients each in their own process."""
+``readline``), server and concurrent clients each in their own process; the
+client's latencies (each request sent one at a time, each pipelined batch) must
+show no stall."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from compat_support import (
     TRANSPORTS,
     check_fast_path,
     check_listener,
+    check_no_stall,
     no_tracebacks,
     program,
     python_cmd,
@@ -18,6 +21,7 @@ from compat_support import (
     ready_port,
     run_client,
     running_server,
+    split_latencies,
 )
 
 CLIENTS = 8
@@ -45,9 +49,17 @@ def test_threading_tcp_server_line_protocol(transport: str, tmp_path: Path) -> N
             tmp_path,
         )
         assert server.stop() == 0, server.stderr()
-    result = json.loads(client.stdout)
+    out, latencies = split_latencies(client.stdout)
+    result = json.loads(out)
     # 4 small commands a round, SHA + BLOB every 5th round of the first half, NOPE, QUIT
     commands = CLIENTS * (4 * ROUNDS + 2 * len(range(0, ROUNDS // 2, 5)) + 2)
+    # one at a time: the first half's rounds; then one pipelined batch a connection
+    one_at_a_time = CLIENTS * (4 * (ROUNDS // 2) + 2 * len(range(0, ROUNDS // 2, 5)))
+    assert {k: len(v) for k, v in latencies.items()} == {
+        "request": one_at_a_time,
+        "pipelined": CLIENTS,
+    }
+    check_no_stall(latencies, f"line_client.py over {transport}")
     assert result["connections"] == CLIENTS
     assert result["commands"] == commands
     assert server.stdout().splitlines()[-1] == f"SERVED {CLIENTS} {commands}"

@@ -1,5 +1,6 @@
 """(c) an ``xmlrpc.server`` server (its own process) and an ``xmlrpc.client``
-client (in this process, patched over rsock)."""
+client (in this process, patched over rsock); the client times each HTTP request,
+and the stall rule applies to them per method."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from compat_support import (
     TRANSPORTS,
     check_fast_path,
     check_listener,
+    check_no_stall,
     no_tracebacks,
     program,
     python_cmd,
@@ -18,6 +20,7 @@ from compat_support import (
     ready_port,
     run_in_process,
     running_server,
+    split_latencies,
 )
 
 REPEAT = 5
@@ -37,8 +40,12 @@ def test_xmlrpc(transport: str, tmp_path: Path) -> None:
         )
         assert server.stop() == 0, server.stderr()
     assert code == 0, out
+    out, latencies = split_latencies(out)
     calls = REPEAT * CALLS_PER_SESSION
     assert json.loads(out)["calls"] == calls
+    assert sum(len(v) for v in latencies.values()) == calls, latencies
+    assert len(latencies["echo"]) == 2 * REPEAT and len(latencies["blob"]) == REPEAT
+    check_no_stall(latencies, f"xmlrpc_client.py over {transport}")
     assert server.stdout().splitlines()[-1] == f"SERVED {calls}"
     no_tracebacks(server.stderr(), "xmlrpc_server")
     if transport == "rsock":

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from compat_support import check_no_stall, split_latencies
 
 SHOW = """\
 import json, os, socket, sys
@@ -257,7 +258,10 @@ def test_children_inherit_the_patch(tmp_path: Path, method: str) -> None:
     prog = tmp_path / "tree.py"
     prog.write_text(TREE)
     oracle = subprocess.run(
-        [sys.executable, str(prog), method], cwd=tmp_path, capture_output=True, text=True,
+        [sys.executable, str(prog), method],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     assert oracle.returncode == 0, oracle.stderr
@@ -265,7 +269,10 @@ def test_children_inherit_the_patch(tmp_path: Path, method: str) -> None:
     report = tmp_path / "r.json"
     proc = subprocess.run(
         [sys.executable, "-m", "rsock", "run", "--report", str(report), str(prog), method],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=dict(os.environ, TMPDIR=str(tmp_path)),  # where the per-process counts go
     )
     assert proc.returncode == 0, proc.stderr
@@ -377,7 +384,10 @@ def test_multiprocessing_connection_over_tcp_addresses(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "rsock", "run", "--report", str(report), str(prog)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=dict(os.environ, RSOCK_FALLBACK="strict"),
     )
     assert proc.returncode == 0, proc.stderr
@@ -404,8 +414,12 @@ def test_a_source_tree_shadowing_the_install_says_so(tmp_path: Path) -> None:
     # -S: no site, so no editable-install finder; the dependencies stay importable
     deps = str(Path(typing_extensions.__file__).parent)
     proc = subprocess.run(
-        [sys.executable, "-S", "-c", "import rsock"], cwd=tmp_path, capture_output=True,
-        text=True, timeout=30, env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{deps}"),
+        [sys.executable, "-S", "-c", "import rsock"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{deps}"),
     )
     assert proc.returncode == 1
     assert "shadows the installed package" in proc.stderr, proc.stderr
@@ -415,22 +429,33 @@ def test_a_source_tree_shadowing_the_install_says_so(tmp_path: Path) -> None:
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 
 
-def same_under_rsock(name: str, want: list[str], tmp_path: Path) -> dict[str, int]:
+def same_under_rsock(
+    name: str, want: list[str], tmp_path: Path, timed: dict[str, int] | None = None
+) -> dict[str, int]:
     """compat/programs/``name`` prints ``want`` with plain Python (the oracle)
-    and under ``rsock run --report`` with RSOCK_FALLBACK=strict; the report."""
+    and under ``rsock run --report`` with RSOCK_FALLBACK=strict; the report.
+    A program that times its connections (``timed``: how many of each kind)
+    prints their latencies too: the stall rule applies to both runs."""
     prog = PROGRAMS / name
     oracle = subprocess.run(
         [sys.executable, str(prog)], cwd=tmp_path, capture_output=True, text=True, timeout=90
     )
     assert oracle.returncode == 0, oracle.stderr
-    assert oracle.stdout.split() == want
     proc = subprocess.run(
         [sys.executable, "-m", "rsock", "run", "--report", "r.json", str(prog)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=90,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
         env={**os.environ, "RSOCK_FALLBACK": "strict"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == want
+    for transport, out in (("tcp", oracle.stdout), ("rsock", proc.stdout)):
+        if timed is not None:
+            out, latencies = split_latencies(out)
+            assert {k: len(v) for k, v in latencies.items()} == timed, latencies
+            check_no_stall(latencies, f"{name} over {transport}")
+        assert out.split() == want
     report: dict[str, int] = json.loads((tmp_path / "r.json").read_text())
     return report
 
@@ -441,7 +466,9 @@ def test_a_listener_handed_to_an_exec_child(tmp_path: Path) -> None:
     (werkzeug's reloader, gunicorn's re-exec): the child adopts it with
     socket(fileno=...) and accepts, over shm, on the parent's listener."""
     want = ["HELLO", "0", "HELLO", "1", "HELLO", "2", "child", "0"]
-    report = same_under_rsock("inherit_listener.py", want, tmp_path)
+    # (the first connection waits for the child to start: a kind of its own)
+    timed = {"first": 1, "connection": 2}
+    report = same_under_rsock("inherit_listener.py", want, tmp_path, timed)
     assert report["processes"] == 2
     assert report["accept:shm"] == report["connect:shm"] == 3, report
 
@@ -455,12 +482,18 @@ def test_a_listener_passed_alone_says_what_is_missing(tmp_path: Path) -> None:
     prog = PROGRAMS / "inherit_listener.py"
     oracle = subprocess.run(
         [sys.executable, str(prog), "--pass-fds"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert oracle.returncode == 0, oracle.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "rsock", "run", str(prog), "--pass-fds"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode != 0
     assert "Socket operation on non-socket" in proc.stderr, proc.stderr[-2000:]
@@ -506,7 +539,7 @@ def test_two_server_processes_share_a_port_with_so_reuseport(tmp_path: Path) -> 
     port (aiohttp's web.run_app(reuse_port=True) started twice): the second
     joins the first's listener; every client gets an answer."""
     want = ["replies", "40", "server", "0", "server", "0"]
-    report = same_under_rsock("reuseport_servers.py", want, tmp_path)
+    report = same_under_rsock("reuseport_servers.py", want, tmp_path, {"connection": 40})
     assert report["processes"] == 3
     assert report["asyncio:create_server"] == 2
     assert report["accept:shm"] == report["connect:shm"] == 40, report

@@ -11,6 +11,12 @@ count, bytes and elapsed time; the figure of a rep is count/elapsed (requests, r
 trips or messages per second) or bytes/elapsed (MB/s, 10**6 bytes).  The table shows
 the median over the reps [min-max] and rsock/TCP of the medians (> 1: rsock is better).
 
+Each client also times every request (round trip, message) of its timed loop and prints
+those latencies in its JSON line; the stall rule (``stalled``: the slowest above 100 ms
+while the median is below 10 ms) is applied to each run.  A stall is a bug, not a speed
+figure: the table's stall column and the JSON (``stall`` per case and transport, and per
+sample) show it, and the case FAILS.
+
 The rsock side must prove the fast path: every client report and the server's report
 must count connections on a fast provider (``connect:shm``/``accept:shm``, or verbs)
 and no ``:tcp`` key at all (under ``strict`` a plain TCP connection is refused, so none
@@ -36,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -414,12 +420,25 @@ def run_client(
     if proc.returncode != 0:
         raise RuntimeError(f"{transport} client exit status {proc.returncode}: "
                            + " | ".join(err[-8:]))  # fmt: skip
-    lines = proc.stdout.decode(errors="replace").strip().splitlines()
+    return client_sample(case, transport, proc.stdout.decode(errors="replace"))
+
+
+def client_sample(case: AppCase, transport: str, output: str) -> dict[str, Any]:
+    """A client run's sample from its output's last line; its latencies replaced by
+    their summary (``latency``) and the stall rule's finding (``stall``: a sentence,
+    or None)."""
+    lines = output.strip().splitlines()
     try:
         sample: dict[str, Any] = json.loads(lines[-1])
         float(sample["count"]), float(sample["bytes"]), float(sample["elapsed"])
+        latencies = [float(x) for x in sample.pop("latencies")]
     except (IndexError, ValueError, KeyError, TypeError):
         raise RuntimeError(f"{transport} client printed no result: {lines[-3:]}") from None
+    if len(latencies) != sample["count"]:
+        raise RuntimeError(f"{transport} client timed {len(latencies)} of {sample['count']}")
+    # the rule on this run's timed loop; the JSON keeps a summary, not every latency
+    sample["latency"] = latency_summary(latencies)
+    sample["stall"] = stall_problem(latencies, f"{case.name} {transport} rep")
     return sample
 
 
@@ -488,6 +507,54 @@ def fast_path_problem(counts: dict[str, int], side: str) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- stall rule
+
+# A stall is a bug, not a speed figure: a loop of requests (or messages) whose typical
+# one takes well under STALL_MEDIAN_S and whose slowest takes over STALL_MAX_S waited
+# for something (a missed wake-up, a poll's timeout) that no checksum shows.  The rule
+# is a liveness check, not a timed test; the compat suite applies it too.
+STALL_MAX_S = 0.100
+STALL_MEDIAN_S = 0.010
+
+
+def latency_median(latencies: Sequence[float]) -> float:
+    """The median of a rule: the lower one of an even count (when exactly every
+    second request waits, the mean of the middle two would hide it)."""
+    return statistics.median_low(latencies)
+
+
+def stalled(latencies: Sequence[float]) -> bool:
+    """The stall rule: the slowest above 100 ms while the median is below 10 ms."""
+    if not latencies:
+        return False
+    return max(latencies) > STALL_MAX_S and latency_median(latencies) < STALL_MEDIAN_S
+
+
+def latency_summary(latencies: Sequence[float], slowest: int = 5) -> dict[str, Any]:
+    """Count, median, max (seconds) and the ``slowest`` largest as [index, seconds]."""
+    top = sorted(range(len(latencies)), key=lambda i: latencies[i], reverse=True)[:slowest]
+    return {
+        "n": len(latencies),
+        "median": latency_median(latencies) if latencies else None,
+        "max": max(latencies) if latencies else None,
+        "slowest": [[i, latencies[i]] for i in top],
+    }
+
+
+def stall_problem(latencies: Sequence[float], what: str) -> str | None:
+    """A sentence on the stall of ``what`` (count, median, max and the slowest few
+    by index), or None if the rule does not fire."""
+    if not stalled(latencies):
+        return None
+    s = latency_summary(latencies)
+    slow = ", ".join(f"#{i} {1e3 * v:.1f} ms" for i, v in s["slowest"])
+    return (
+        f"stall in {what}: {s['n']} latencies, median {1e3 * s['median']:.3f} ms "
+        f"(< {1e3 * STALL_MEDIAN_S:g} ms) but max {1e3 * s['max']:.1f} ms "
+        f"(> {1e3 * STALL_MAX_S:g} ms); slowest: {slow}"
+    )
+
+
 # --------------------------------------------------------------------------- one case
 
 
@@ -519,6 +586,10 @@ class Result:
         return {"cpu": statistics.median(b[0] for b in got),
                 "user": statistics.median(b[1] for b in got)}  # fmt: skip
 
+    def stalls(self, transport: str) -> list[str]:
+        """The stall rule's findings on ``transport``'s reps (one per rep that stalled)."""
+        return [s["stall"] for s in self.samples[transport] if s.get("stall")]
+
     def ratio(self) -> float | None:
         tcp, rs = self.median("tcp"), self.median("rsock")
         return rs / tcp if tcp and rs is not None else None
@@ -535,6 +606,7 @@ class Result:
             "status": self.status,
             "reason": self.reason,
             "fast_path": self.fast_path,
+            "stall": {t: bool(self.stalls(t)) for t in TRANSPORTS},
             "seconds": round(self.seconds, 3),
             "samples": self.samples,
             "figures": {t: self.figures(t) for t in TRANSPORTS},
@@ -573,12 +645,19 @@ def run_case(opts: Options, case: AppCase, say: Callable[[str], None]) -> Result
                 result.samples[transport].append(sample)
                 say(f"  {case.name} rep {rep + 1}/{opts.reps} {transport}: "
                     f"{case.figure(sample):.1f} {case.unit}")  # fmt: skip
+                if sample["stall"]:
+                    say("  " + sample["stall"].replace("stall", "STALL", 1))
                 if transport == "rsock":
                     counts = read_report(report)
                     result.reports["client"].append(counts)
                     problem = fast_path_problem(counts, "client")
                     if problem:
                         raise RuntimeError(f"rsock not on the fast path: {problem}")
+        for transport in TRANSPORTS:  # (the reps ran on: the figures stay complete)
+            stalls = result.stalls(transport)
+            if stalls:
+                result.fail(stalls[0] + (f" (and {len(stalls) - 1} more reps)"
+                                         if len(stalls) > 1 else ""))  # fmt: skip
     except RuntimeError as e:
         result.fail(str(e))
     except BaseException:  # interrupted: stop the servers (finally), leave no files
@@ -644,6 +723,14 @@ def fast_text(result: Result) -> str:
     return "NO" if result.reports["client"] or result.reports["server"] else "-"
 
 
+def stall_text(result: Result) -> str:
+    """The stall column: "no", or "STALL" and the transports whose reps stalled."""
+    if not any(result.samples[t] for t in TRANSPORTS):
+        return "-"
+    stalled_on = [("TCP" if t == "tcp" else t) for t in TRANSPORTS if result.stalls(t)]
+    return f"STALL {'+'.join(stalled_on)}" if stalled_on else "no"
+
+
 def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
     vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
     pin = ("pin=none" if opts.pin == "none"
@@ -666,6 +753,7 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
         "TCP busy c/s",
         "user c/s",
         "rsock fast path",
+        "stall",
     ]
     rows: list[list[str]] = []
     notes: list[str] = []
@@ -679,7 +767,8 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
             ratio_s += " FAILED"
             notes.append(f"FAILED {r.case.name}: {r.reason}")
         rows.append([r.case.title, r.case.unit, cell(r, "tcp"), cell(r, "rsock"), ratio_s,
-                     busy_text(r, "cpu"), busy_text(r, "user"), fast_text(r)])  # fmt: skip
+                     busy_text(r, "cpu"), busy_text(r, "user"), fast_text(r),
+                     stall_text(r)])  # fmt: skip
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
@@ -692,6 +781,10 @@ def render(env: dict[str, Any], opts: Options, results: list[Result]) -> str:
     lines += [
         "",
         "rsock/TCP > 1: rsock is better (more per second).",
+        f"stall: a rep whose median request took < {1e3 * STALL_MEDIAN_S:g} ms and whose "
+        f"slowest took > {1e3 * STALL_MAX_S:g} ms (the",
+        "clients time each request, round trip or message of their timed loop): a bug, and the",
+        "case fails.",
         "TCP busy c/s: the share of a TCP rep the client / the server spent on the CPU (user +",
         "system); user c/s: its user-space part, the programs' own work (with an event loop's",
         "own work per wake-up, which rsock's polling skips).  A blocking client busy near 100%",

@@ -6,5 +6,7 @@ Servers print ``PORT <n>...`` once they listen (uvicorn is started by its own co
 line and says so on stderr) and serve until their standard input closes.  Clients take
 ``PORT... MODE SECONDS WARMUP``, run their loop for WARMUP seconds, then for SECONDS
 seconds, and print one JSON line: ``{"count": ..., "bytes": ..., "elapsed": ...,
-"rusage": [...]}`` (the process's user and system CPU seconds, ``getrusage``, at the
-timed loop's start and end: the bench's busy shares)."""
+"rusage": [...], "latencies": [...]}`` (the process's user and system CPU seconds,
+``getrusage``, at the timed loop's start and end: the bench's busy shares; and the
+seconds each request, round trip or message of the timed loop took, in order: the
+bench's stall rule)."""

@@ -3,8 +3,8 @@
 ``aiohttp_client.py PORT MODE SECONDS WARMUP``; MODE: keepalive (GET /small on one
 session), newconn (GET /small, a new connection per request), big (GET /big, 1 MiB),
 stream (GET /stream, a 64 MiB body read in chunks), file (GET /file, a 32 MiB file
-read in chunks).  Runs WARMUP seconds, then
-SECONDS seconds, and prints one JSON line: requests, body bytes, elapsed."""
+read in chunks).  Runs WARMUP seconds, then SECONDS seconds, and prints one JSON line:
+requests, body bytes, elapsed, and each one's latency (in order)."""
 
 import asyncio
 import json
@@ -53,17 +53,23 @@ async def loop(
     session: aiohttp.ClientSession, base: str, mode: str, seconds: float
 ) -> dict[str, object]:
     count = nbytes = 0
+    latencies: list[float] = []  # of each step: the bench applies its stall rule
     start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    last = start
     while True:
         nbytes += await one(session, base, mode)
         count += 1
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+        elapsed = now - start
         if elapsed >= seconds:
             return {
                 "count": count,
                 "bytes": nbytes,
                 "elapsed": elapsed,
                 "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+                "latencies": [round(x, 7) for x in latencies],
             }
 
 

@@ -4,9 +4,9 @@ cluster of ``dask_server.py``.
 ``dask_client.py PORT MODE SECONDS WARMUP``; MODE: scatter (``Client.scatter`` of a
 64 MB numpy array to one worker, then released) or w2w (a task on one worker makes a
 64 MB array, a task on the other worker takes it, so the array crosses from worker to
-worker; its checksum there must be the one a task on the first worker computed).  Runs WARMUP
-seconds, then SECONDS seconds, and prints one JSON line: transfers, bytes moved,
-elapsed."""
+worker; its checksum there must be the one a task on the first worker computed).  Runs
+WARMUP seconds, then SECONDS seconds, and prints one JSON line: transfers, bytes moved,
+elapsed, and each one's latency (in order)."""
 
 import json
 import resource
@@ -35,7 +35,9 @@ def run(
     client: Client, mode: str, seconds: float, workers: list[str], seq: list[int]
 ) -> dict[str, object]:
     count = 0
+    latencies: list[float] = []  # of each step: the bench applies its stall rule
     start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    last = start
     data = make(7)
     want = checksum(data)
     while True:
@@ -51,13 +53,17 @@ def run(
             assert there.result() == here.result(), "checksum"
             del a, here, there
         count += 1
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+        elapsed = now - start
         if elapsed >= seconds:
             return {
                 "count": count,
                 "bytes": count * SIZE,
                 "elapsed": elapsed,
                 "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+                "latencies": [round(x, 7) for x in latencies],
             }
 
 

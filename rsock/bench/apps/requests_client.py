@@ -3,7 +3,8 @@
 ``requests_client.py PORT MODE SECONDS WARMUP``; MODE: keepalive (GET /small on a
 ``requests.Session``), newconn (``requests.get`` of /small: a new connection per
 request) or big (GET /big, 1 MiB, on a Session).  Runs WARMUP seconds, then SECONDS
-seconds, and prints one JSON line: requests, body bytes, elapsed."""
+seconds, and prints one JSON line: requests, body bytes, elapsed, and each one's latency
+(in order)."""
 
 import json
 import resource
@@ -20,19 +21,25 @@ def loop(
     get: Callable[[str], requests.Response], url: str, want: bytes, seconds: float
 ) -> dict[str, object]:
     count = nbytes = 0
+    latencies: list[float] = []  # of each step: the bench applies its stall rule
     start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    last = start
     while True:
         body = get(url).content
         assert body == want, len(body)
         count += 1
         nbytes += len(body)
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+        elapsed = now - start
         if elapsed >= seconds:
             return {
                 "count": count,
                 "bytes": nbytes,
                 "elapsed": elapsed,
                 "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+                "latencies": [round(x, 7) for x in latencies],
             }
 
 

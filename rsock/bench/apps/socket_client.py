@@ -4,7 +4,8 @@ import), against ``selectors_server.py``.
 ``socket_client.py PORT MODE SECONDS WARMUP``; MODE: rtt (64-byte messages, each echoed
 before the next is sent) or newconn (a new connection per message:
 ``socket.create_connection``, one round trip, close).  Runs WARMUP seconds, then SECONDS
-seconds, and prints one JSON line: round trips, bytes sent, elapsed."""
+seconds, and prints one JSON line: round trips, bytes sent, elapsed, and each one's
+latency (in order)."""
 
 import json
 import resource
@@ -28,17 +29,23 @@ def round_trip(s: socket.socket) -> None:
 
 def timed(step: Callable[[], None], seconds: float) -> dict[str, object]:
     count = 0
+    latencies: list[float] = []  # of each step: the bench applies its stall rule
     start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    last = start
     while True:
         step()
         count += 1
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+        elapsed = now - start
         if elapsed >= seconds:
             return {
                 "count": count,
                 "bytes": count * len(MSG),
                 "elapsed": elapsed,
                 "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+                "latencies": [round(x, 7) for x in latencies],
             }
 
 

@@ -3,8 +3,8 @@ rsock import).
 
 ``tornado_client.py PORT MODE SECONDS WARMUP``; MODE: rtt (64-byte lines, each echoed
 before the next is sent) or newconn (a new connection per line: connect, one round
-trip, close).  Runs WARMUP seconds, then SECONDS seconds, and prints one JSON line:
-round trips, bytes sent, elapsed."""
+trip, close).  Runs WARMUP seconds, then SECONDS seconds, and prints one JSON line: round
+trips, bytes sent, elapsed, and each one's latency (in order)."""
 
 import asyncio
 import json
@@ -20,18 +20,24 @@ LINE = b"x" * 63 + b"\n"  # 64 bytes
 
 async def loop(stream: tornado.iostream.IOStream, seconds: float) -> dict[str, object]:
     count = 0
+    latencies: list[float] = []  # of each step: the bench applies its stall rule
     start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    last = start
     while True:
         await stream.write(LINE)
         assert await stream.read_until(b"\n") == LINE
         count += 1
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+        elapsed = now - start
         if elapsed >= seconds:
             return {
                 "count": count,
                 "bytes": count * len(LINE),
                 "elapsed": elapsed,
                 "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+                "latencies": [round(x, 7) for x in latencies],
             }
 
 
@@ -39,20 +45,26 @@ async def newconn(
     client: tornado.tcpclient.TCPClient, port: int, seconds: float
 ) -> dict[str, object]:
     count = 0
+    latencies: list[float] = []  # of each step: the bench applies its stall rule
     start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    last = start
     while True:
         stream = await client.connect("127.0.0.1", port)
         await stream.write(LINE)
         assert await stream.read_until(b"\n") == LINE
         stream.close()
         count += 1
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+        elapsed = now - start
         if elapsed >= seconds:
             return {
                 "count": count,
                 "bytes": count * len(LINE),
                 "elapsed": elapsed,
                 "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+                "latencies": [round(x, 7) for x in latencies],
             }
 
 

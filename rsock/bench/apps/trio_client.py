@@ -3,8 +3,8 @@ import).
 
 ``trio_client.py PORT MODE SECONDS WARMUP``; MODE: rtt (64-byte messages, each
 echoed before the next is sent) or newconn (a new connection per message:
-connect, one round trip, close).  Runs WARMUP seconds, then SECONDS seconds, and
-prints one JSON line: round trips, bytes sent, elapsed."""
+connect, one round trip, close).  Runs WARMUP seconds, then SECONDS seconds, and prints
+one JSON line: round trips, bytes sent, elapsed, and each one's latency (in order)."""
 
 import functools
 import json
@@ -30,17 +30,23 @@ async def receive_exactly(stream: trio.SocketStream, n: int) -> bytes:
 async def timed(step: Callable[[], Awaitable[None]], seconds: float) -> dict[str, object]:
     """Runs ``step`` (one round trip) for ``seconds``: round trips, bytes, elapsed."""
     count = 0
+    latencies: list[float] = []  # of each step: the bench applies its stall rule
     start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    last = start
     while True:
         await step()
         count += 1
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+        elapsed = now - start
         if elapsed >= seconds:
             return {
                 "count": count,
                 "bytes": count * len(MSG),
                 "elapsed": elapsed,
                 "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+                "latencies": [round(x, 7) for x in latencies],
             }
 
 

@@ -6,7 +6,7 @@ on both sides, as websockets' documentation says to do for data that does not co
 the server runs with ``raw`` then), each echoed by the server before the next is sent, or newconn
 (a new connection per 64-byte message: opening handshake, one echo, closing handshake).  Runs
 WARMUP seconds, then SECONDS seconds, and prints one JSON line: messages, bytes
-(one direction), elapsed."""
+(one direction), elapsed, and each one's latency (in order)."""
 
 import asyncio
 import json
@@ -25,17 +25,23 @@ async def timed(
 ) -> dict[str, object]:
     """Runs step (one echoed message of size bytes) for seconds."""
     count = 0
+    latencies: list[float] = []  # of each step: the bench applies its stall rule
     start, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    last = start
     while True:
         await step()
         count += 1
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        latencies.append(now - last)
+        last = now
+        elapsed = now - start
         if elapsed >= seconds:
             return {
                 "count": count,
                 "bytes": count * size,
                 "elapsed": elapsed,
                 "rusage": [*cpu[:2], *resource.getrusage(resource.RUSAGE_SELF)[:2]],
+                "latencies": [round(x, 7) for x in latencies],
             }
 
 
