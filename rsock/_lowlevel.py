@@ -139,7 +139,7 @@ def _install_wakeup() -> None:
         _wakeup = ()
         return
     _wakeup = (r, w)
-    lib.rsk_set_signal_fd(r)
+    lib.rsk_set_signal_pipe(r, w)
 
 
 def hide_wakeup() -> bool:
@@ -165,28 +165,8 @@ def show_wakeup() -> None:
         signal.set_wakeup_fd(old)  # somebody's own: theirs stays
 
 
-def _wakeup_after_fork() -> None:
-    """A forked child shares the parent's pipe: it gets its own (the
-    engine already forgot the parent's)."""
-    global _wakeup
-    if not _wakeup:
-        return
-    r, w = _wakeup
-    _wakeup = None
-    try:
-        now = signal.set_wakeup_fd(-1)
-    except ValueError:  # forked from another thread: not the main one here
-        now = w
-    mine = now == w
-    if not mine and now >= 0:
-        signal.set_wakeup_fd(now)  # somebody's since: theirs stays
-    os.close(r)
-    os.close(w)
-    if mine:
-        _install_wakeup()
-
-
-os.register_at_fork(after_in_child=_wakeup_after_fork)
+# A fork child gets a pipe of its own on the same two numbers, made by the
+# engine inside fork() (rsk_set_signal_pipe): no after-fork hook here.
 
 
 # glibc's malloc serves a block of at least its mmap threshold (128 KiB at

@@ -225,3 +225,76 @@ def test_first_poll_after_fork_sees_data(
     b.shutdown(socket.SHUT_WR)
     assert select.select([a], [], [], 10)[0] == [a]
     assert a.recv(10) == b""
+
+
+@pytest.mark.timeout_s(60)
+@pytest.mark.parametrize("conn", ["inherited", "new"])
+def test_a_fork_childs_signal_ends_its_blocking_call(
+    sockmod: ModuleType, transport: str, conn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a fork child, a signal whose handler raises ends a blocking
+    ``recv`` at once, on a connection inherited from the parent and on one
+    the child made, while the call busy-polls (a spin of up to 1 s here:
+    only the signal wakeup pipe can tell the engine): the child's pipe is
+    its own, not the parent's, which keeps waiting on its own connection."""
+    import signal
+    import time
+
+    monkeypatch.setenv("RSOCK_SPIN_US", "1000000")
+    with sockmod.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        a = sockmod.create_connection(listener.getsockname(), timeout=20)
+        b, _ = listener.accept()
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 when the signal ended recv in time
+            code = 1
+            try:
+
+                def alarm(signum: int, frame: Any) -> None:
+                    raise TimeoutError("alarm")
+
+                signal.signal(signal.SIGALRM, alarm)
+                if conn == "new":
+                    c = sockmod.create_connection(listener.getsockname(), timeout=20)
+                    d, _ = listener.accept()
+                else:
+                    c, d = a, b  # noqa: F841 (d: kept open)
+                c.settimeout(None)
+                start = time.monotonic()
+                signal.setitimer(signal.ITIMER_REAL, 0.2)
+                try:
+                    c.recv(1)
+                except TimeoutError as e:
+                    took = time.monotonic() - start
+                    code = 0 if str(e) == "alarm" and took < 1.0 else 2
+            finally:
+                os._exit(code)
+        try:
+            # the parent: its own wait on its own connection goes on, undisturbed
+            peer = sockmod.create_connection(listener.getsockname(), timeout=20)
+            mine, _ = listener.accept()
+            with peer, mine:
+                mine.settimeout(20)
+                threading.Timer(0.5, peer.sendall, (b"!",)).start()
+                assert mine.recv(1) == b"!"
+        finally:
+            status = _reap(pid, 20)
+            a.close()
+            b.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _reap(pid: int, timeout: float) -> int:
+    """The child's wait status; killed if it is still there after ``timeout`` s."""
+    import signal
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]

@@ -186,6 +186,12 @@ int rsk_set_refused(rsk_sock *s);
  * -EINTR when a byte comes, even while it busy-polls.  Process-wide; a
  * forked child starts with none. */
 int rsk_set_signal_fd(int fd);
+/* Both ends of that wakeup fd, a pipe of the caller's (-1, -1: none): as
+ * rsk_set_signal_fd(rfd), and a forked child gets a pipe of its own on
+ * the same two fd numbers (made in the fork, before any Python code runs
+ * in the child), so that Python's wakeup fd and the engine's stay one pipe
+ * and the parent's is no longer shared.  -EINVAL for a bad pair. */
+int rsk_set_signal_pipe(int rfd, int wfd);
 int rsk_get_opts(rsk_sock *s, struct rsk_opts *o);
 int rsk_set_opts(rsk_sock *s, const struct rsk_opts *o);
 

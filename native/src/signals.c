@@ -5,6 +5,7 @@
  * watcher thread blocks.  A leaf: it calls nothing of rsock's.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -29,19 +30,52 @@
  */
 
 static int eng_sigfd = -1; /* read end of Python's wakeup fd, or -1 */
+static int eng_sigw = -1; /* its write end when known (rsk_set_signal_pipe) */
 static __thread int eng_main_tls = -1; /* is this the main thread? */
 
+/*
+ * In a fork child (one thread, inside fork()): the parent's pipe is shared,
+ * so a signal of either process could wake the other's wait or be taken by
+ * it.  With both ends known, the child gets a pipe of its own on the same
+ * numbers (dup3 replaces each end at once), which Python keeps writing to
+ * and the engine keeps watching: no Python code runs for it (a Python
+ * after-fork hook that made a new pipe cost an accept-then-fork server's
+ * child ~150 us, most of it copy-on-write faults).  Otherwise, or if that
+ * fails, the child watches none.
+ */
 void eng_signals_child(void)
 {
+	int p[2];
+
 	eng_main_tls = -1; /* the forking thread is the child's main thread */
+	if (eng_sigfd >= 0 && eng_sigw >= 0 && pipe2(p, O_NONBLOCK | O_CLOEXEC) == 0) {
+		int ok = dup3(p[0], eng_sigfd, O_CLOEXEC) >= 0 &&
+			 dup3(p[1], eng_sigw, O_CLOEXEC) >= 0;
+
+		close(p[0]);
+		close(p[1]);
+		if (ok)
+			return;
+	}
 	__atomic_store_n(&eng_sigfd, -1, __ATOMIC_RELEASE); /* the parent's */
+	eng_sigw = -1;
 }
 
 int rsk_set_signal_fd(int fd)
 {
 	if (fd < -1)
 		return -EINVAL;
+	eng_sigw = -1;
 	__atomic_store_n(&eng_sigfd, fd, __ATOMIC_RELEASE);
+	return 0;
+}
+
+int rsk_set_signal_pipe(int rfd, int wfd)
+{
+	if (rfd < -1 || wfd < -1 || (rfd < 0) != (wfd < 0) || (rfd >= 0 && rfd == wfd))
+		return -EINVAL;
+	eng_sigw = wfd;
+	__atomic_store_n(&eng_sigfd, rfd, __ATOMIC_RELEASE);
 	return 0;
 }
 
