@@ -650,3 +650,250 @@ def test_bulk_check_sees_every_byte() -> None:
                 flip // size,
                 flip % size,
             ), flip
+
+
+# --------------------------------------------------------------------------- the rate test
+
+
+def rate_module() -> Any:
+    sys.path.insert(0, str(ROOT))
+    from rsock.bench import _rate
+
+    return _rate
+
+
+def test_rate_schedule_and_backlog_latency() -> None:
+    """Request i is due at start + i * period; the sender sends what a timer
+    expiry makes due (late ones at once, each keeping its scheduled time); a
+    reply's latency is taken from its scheduled time, so replies that all come
+    back late, at once, carry the backlog: the earliest-scheduled the most."""
+    r = rate_module()
+    assert r.period_ns(200) == 5_000_000 and r.period_ns(20000) == 50_000
+    assert r.period_ns(3) == 333_333_333  # whole nanoseconds
+    sched = r.Schedule(1_000_000, r.period_ns(1000))  # 1 ms period
+    assert [sched.at(i) for i in range(4)] == [1_000_000, 2_000_000, 3_000_000, 4_000_000]
+
+    sender = r.Sender(sched, 6)
+    assert list(sender.due(1, 1_000_010)) == [0]  # on time (10 ns late)
+    assert list(sender.due(0, 1_500_000)) == []  # nothing new is due
+    assert list(sender.due(3, 4_000_500)) == [1, 2, 3]  # woke 3 periods late: all at once
+    assert list(sender.due(5, 9_000_000)) == [4, 5]  # never more than the phase's count
+    assert sender.done and list(sender.due(1, 10_000_000)) == []
+    assert list(sender.lag) == [10, 2_000_500, 1_000_500, 500, 4_000_000, 3_000_000]
+
+    replies = r.Replies(sched, 6, 100)  # the phase's first message is number 100
+    wire = b"".join(r.message(100 + i) for i in range(6))
+    assert len(wire) == 6 * r.SIZE and r.message(7)[:8] == struct.pack("<Q", 7)
+
+    def feed(data: bytes, t: int) -> None:
+        space = replies.space()
+        assert len(space) >= len(data)
+        space[: len(data)] = data
+        replies.take(len(data), t)
+
+    feed(wire[:64], 1_000_040)  # message 0: 40 ns after its schedule
+    feed(wire[64:100], 2_000_100)  # half of message 1: nothing complete yet
+    assert replies.got == 1 and replies.have == 36
+    feed(wire[100:], 7_000_000)  # the other five arrive together, at 7 ms
+    assert replies.done and replies.nbad == 0 and replies.have == 0
+    assert list(replies.lat) == [40, 5_000_000, 4_000_000, 3_000_000, 2_000_000, 1_000_000]
+    assert (replies.t_first, replies.t_last) == (1_000_040, 7_000_000)
+    assert len(replies.space()) == 0  # the phase is owed nothing more
+
+    bad = r.Replies(sched, 3, 100)  # an echo out of order and one with a wrong byte
+    data = bytearray(r.message(101) + r.message(100) + r.message(102))
+    data[-1] ^= 1
+    bad.buf[: len(data)] = data
+    bad.take(len(data), 5_000_000)
+    assert (bad.got, bad.nbad, bad.first_bad) == (3, 3, 100)
+
+
+def test_rate_timer_counts_expirations() -> None:
+    """The periodic timerfd: armed in the past, a read returns every period
+    since the start; armed in the future, a non-blocking read returns 0."""
+    import time
+
+    r = rate_module()
+    timer = r.Timer(nonblocking=True)
+    try:
+        timer.arm(time.monotonic_ns() + 10**9, 10**6)
+        assert timer.read() == 0
+        timer.arm(time.monotonic_ns() - 10 * 10**6, 10**6)  # 10 periods ago
+        assert timer.read() >= 11  # at the start and at each of the 10 periods since
+    finally:
+        timer.close()
+
+
+def test_rate_percentiles_cpu_and_summary_arithmetic() -> None:
+    r = rate_module()
+    values = [float(x) for x in range(1, 1001)]  # 1..1000
+    assert r.percentile(values, 50) == 500 and r.percentile(values, 99) == 990
+    assert r.percentile(values, 99.9) == 999 and r.percentile(values, 100) == 1000
+    assert r.percentile(values, 0) == 1 and r.percentile([7.0], 99.9) == 7
+    assert r.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2  # nearest rank, not interpolated
+    with pytest.raises(ValueError):
+        r.percentile([], 50)
+    assert r.cpu_us_per_msg(0.5, 1000) == pytest.approx(500.0)
+    assert r.cpu_us_per_msg(0.0, 0) == 0.0
+
+    client = {
+        "rate_target": 1000.0,
+        "phases": [
+            {"kind": "warmup", "count": 50, "ns": 5e7, "cpu_s": 9.0, "reply_span_ns": 1},
+            {"kind": "rep", "count": 101, "ns": 101e6, "cpu_s": 0.0101, "reply_span_ns": 100e6},
+            {"kind": "rep", "count": 101, "ns": 102e6, "cpu_s": 0.0303, "reply_span_ns": 100e6},
+        ],
+        # 202 latencies: 1..202 µs; the sender's lag 0..201 µs
+        "lat_ns": [1000 * (i + 1) for i in range(202)],
+        "lag_ns": [1000 * i for i in range(202)],
+    }
+    server = {
+        "phases": [
+            {"count": 50, "ns": 5e7, "cpu_s": 5.0},
+            {"count": 101, "ns": 1e8, "cpu_s": 0.0202},
+            {"count": 101, "ns": 1e8, "cpu_s": 0.0},
+        ]
+    }
+    s = r.summarize(client, server)
+    assert s["messages"] == 202 and s["target_per_s"] == 1000.0
+    assert s["achieved_per_s"] == pytest.approx(1000.0)  # 200 gaps in 200 ms
+    assert (s["lat_us_p50"], s["lat_us_p99"], s["lat_us_p99_9"]) == (101, 200, 202)
+    assert (s["lat_us_min"], s["lat_us_max"]) == (1, 202)
+    assert s["lat_us_mean"] == pytest.approx(101.5)
+    assert s["send_lag_us_p50"] == 100 and s["send_lag_us_max"] == 201
+    # warm-up excluded: (0.0101 + 0.0303) s / 202 messages = 200 µs; server 100 µs
+    assert s["client_cpu_us_per_msg"] == pytest.approx(200.0)
+    assert s["server_cpu_us_per_msg"] == pytest.approx(100.0)
+    assert s["cpu_us_per_msg"] == pytest.approx(300.0)
+    assert s["window_s"] == pytest.approx(0.203)
+
+    fell_behind = {**client, "phases": [dict(p) for p in client["phases"]]}
+    fell_behind["phases"][2]["reply_span_ns"] = 300e6  # the second phase's replies: 3x slower
+    assert r.summarize(fell_behind, server)["achieved_per_s"] == pytest.approx(500.0)
+
+    half = {**s, "client_cpu_us_per_msg": 100.0, "lat_us_p50": 202.0, "lat_us_p99": 0.0}
+    ratio = r.ratios(half, s)
+    assert ratio["client_cpu_ratio"] == pytest.approx(0.5) and ratio["p50_ratio"] == 2.0
+    assert ratio["p99_ratio"] == 0.0 and ratio["cpu_ratio"] == 1.0
+    assert r.ratios(s, {**s, "lat_us_p50": 0.0})["p50_ratio"] is None
+
+    with pytest.raises(ValueError, match="phases"):
+        r.summarize(client, {"phases": server["phases"][:2]})
+    with pytest.raises(ValueError, match="echoed"):
+        short = {"phases": [*server["phases"][:2], {"count": 100, "ns": 1, "cpu_s": 0.0}]}
+        r.summarize(client, short)
+
+
+def test_rate_fractions_of_the_tcp_maximum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--rate-frac takes fractions of TCP's closed-loop round trips/s on the
+    same api, from this run's TCP 64 B ping-pong case when there is one."""
+    from rsock import bench as rb
+
+    r = rate_module()
+    monkeypatch.delenv("RSOCK_PROVIDER", raising=False)
+    pong = {"phases": [{"kind": "warmup", "count": 10, "ns": 1}, {"kind": "rep", "count": 20000,
+            "ns": 1_600_000_000}]}  # fmt: skip
+    assert r.closed_loop_rate(pong) == pytest.approx(12500.0)  # 20000 RTs in 1.6 s
+    assert r.frac_rates(12500.0, [0.1, 0.5, 0.9]) == pytest.approx([1250.0, 6250.0, 11250.0])
+    with pytest.raises(ValueError):
+        r.frac_rates(0.0, [0.5])
+    assert r.phase_plan(1000, 2.0) == [("warmup", 250), ("rep", 1000), ("rep", 1000)]
+    assert r.phase_plan(200, 0.05) == [("warmup", 20), ("rep", 5), ("rep", 5)]
+
+    o = rb.parse_options(["--tests", "rate"])
+    assert (o.rates, o.rate_fracs, o.rate_time, o.pin, o.cpus) == (
+        [200.0, 2000.0, 20000.0], [0.1, 0.5, 0.9], 2.0, "none", (-1, -1)
+    )  # fmt: skip
+    q = rb.parse_options(["--tests", "rate", "--quick", "--rate-frac", "10%,0.5"])
+    assert (q.rates, q.rate_fracs, q.rate_time) == ([], [0.1, 0.5], 0.5)
+    f = rb.parse_options(["--tests", "rate", "--rate", "300,2k", "--rep-time", "3"])
+    assert (f.rates, f.rate_fracs, f.rate_time, f.rep_time) == ([300.0, 2000.0], [], 3.0, 3.0)
+    for bad in (["--rate", "100"], ["--tests", "rate", "--rate", "0"],
+                ["--tests", "rate", "--rate-frac", "x"], ["--tests", "rate", "--rate", "",
+                "--rate-frac", "none"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            rb.parse_options(bad)
+
+    opts = rb.parse_options(["--tests", "rate", "--rate", "500", "--rate-frac", "0.25,0.5"])
+    assert rb.rate_points(opts) == [(500.0, None), (0.0, 0.25), (0.0, 0.5)]
+    tcp = rb.Case("tcp", "pingpong", 64, "sync", status="ok", client=pong,
+                  summary={"rtt_us_p50": 75.0})  # fmt: skip
+    batch = [rb.new_case(opts, t, "sync", "rate", 2) for t in ("rsock", "tcp")]
+    probes: dict[str, Any] = {}
+    rb.resolve_rates(opts, batch, [tcp], probes, None)  # type: ignore[arg-type]
+    assert probes["sync"]["source"] == "pingpong case"  # found: no probe run (no bar needed)
+    assert [(c.rate, c.rate_frac, c.tcp_max) for c in batch] == [(6250.0, 0.5, 12500.0)] * 2
+    assert batch[0].name == "rsock rate 50% tcp max = 6250/s [sync]"
+    fixed = rb.new_case(opts, "tcp", "sync", "rate", 0)
+    assert (fixed.rate, fixed.rate_frac, fixed.size, fixed.slot) == (500.0, None, 64, 0)
+    probes = {"sync": {"msg_per_s": None, "error": "timeout: no"}}  # the probe failed
+    lost = [rb.new_case(opts, "tcp", "sync", "rate", 1)]
+    rb.resolve_rates(opts, lost, [], probes, None)  # type: ignore[arg-type]
+    assert lost[0].status == "error" and "no TCP closed-loop maximum" in lost[0].error
+
+
+@pytest.mark.timeout_s(120)
+def test_rate_smoke_both_apis(tmp_path: Path) -> None:
+    """The rate test end to end at the quickest settings: rows and JSON fields
+    exist and are consistent (no timing targets)."""
+    rc, text, doc = bench(
+        tmp_path, "--transport", "rsock,tcp", "--tests", "rate", "--rate", "400",
+        "--rate-frac", "0.2", "--rep-time", "0.1",
+    )  # fmt: skip
+    assert rc == 0, text
+    for tag in ("sync", f"asyncio/{doc['env']['asyncio_loop']}"):
+        assert f"rate 400/s [{tag}]  achieved msg/s" in text
+        assert "rate 20% tcp max = " in text and f"/s [{tag}]  achieved msg/s" in text
+    for row in ("latency p50", "latency p99", "latency p99.9", "send lag p50",
+                "cpu client", "cpu server", "cpu both"):  # fmt: skip
+        assert f"  {row} " in text, row
+    assert "rate = 64 B requests sent on a fixed schedule" in text
+    assert doc["config"]["rates"] == [400.0] and doc["config"]["rate_fracs"] == [0.2]
+    assert doc["env"]["pin"] == "none"
+    cases = [(c["api"], c["rate_point"]["index"], c["transport"], c["status"])
+             for c in doc["cases"]]  # fmt: skip
+    assert cases == [(api, i, t, "ok") for api in ("sync", "asyncio") for i in (0, 1)
+                     for t in ("rsock", "tcp")]  # fmt: skip
+    for api in ("sync", "asyncio"):
+        found = doc["rate_tcp_max"][api]
+        assert found["source"] == "probe" and found["msg_per_s"] > 0
+        assert found["case"]["status"] == "ok" and found["case"]["transport"] == "tcp"
+    for c in doc["cases"]:
+        s, point, client = c["summary"], c["rate_point"], c["client"]
+        if point["index"] == 0:
+            assert point["target_per_s"] == 400.0 and point["frac_of_tcp_max"] is None
+        else:
+            tmax = doc["rate_tcp_max"][c["api"]]["msg_per_s"]
+            assert point["tcp_max_per_s"] == tmax
+            assert point["target_per_s"] == pytest.approx(0.2 * tmax)
+        assert client["rate_target"] == pytest.approx(point["target_per_s"], rel=1e-3)
+        assert [p["kind"] for p in client["phases"]] == ["warmup", "rep", "rep"]
+        reps = [p for p in client["phases"] if p["kind"] == "rep"]
+        n = sum(p["count"] for p in reps)
+        assert s["messages"] == n == len(client["lat_ns"]) == len(client["lag_ns"]) > 0
+        assert [p["count"] for p in c["server"]["phases"]] == [p["count"] for p in client["phases"]]
+        assert all(x > 0 for x in client["lat_ns"])  # a reply never precedes its schedule
+        assert 0 < s["lat_us_p50"] <= s["lat_us_p99"] <= s["lat_us_p99_9"] <= s["lat_us_max"]
+        assert s["achieved_per_s"] > 0 and s["window_s"] > 0
+        cpu = sum(p["cpu_s"] for p in reps) / n * 1e6
+        assert s["client_cpu_us_per_msg"] == pytest.approx(cpu)
+        assert s["cpu_us_per_msg"] == pytest.approx(
+            s["client_cpu_us_per_msg"] + s["server_cpu_us_per_msg"]
+        )
+        if c["transport"] == "rsock":
+            assert client["provider"] == "shm" and s["counters"]["client"]["per"] == "msg"
+            ratio = s["vs_tcp"]
+            tcp = next(
+                x
+                for x in doc["cases"]
+                if (x["transport"], x["api"], x["rate_point"]["index"])
+                == ("tcp", c["api"], point["index"])
+            )
+            assert ratio["cpu_ratio"] == pytest.approx(
+                s["cpu_us_per_msg"] / tcp["summary"]["cpu_us_per_msg"]
+            )
+            assert ratio["p99_ratio"] == pytest.approx(
+                s["lat_us_p99"] / tcp["summary"]["lat_us_p99"]
+            )
+        else:
+            assert "vs_tcp" not in s

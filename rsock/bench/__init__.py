@@ -1,12 +1,12 @@
 """``python -m rsock.bench``: rsock against TCP (and AF_UNIX) in one run.
 
 Every case (transport x test x size) runs a server and a client in two fresh processes
-(``_worker.py``, started by path so that only the rsock case imports ``rsock``), pinned
-as ``--pin`` says.  The parent only starts them, enforces the timeout and reports.
-The stream and msgrate cases of one size run interleaved: every transport's pair is
-up at once and their clients take turns, phase by phase (warm-up, calibration, each
-repetition), so a drift of the machine's speed falls on all transports alike
-(``--sequential``: one case after the other).
+(``_worker.py``, started by path so that only the rsock case imports ``rsock``), placed
+as ``--pin`` says (default: by the scheduler).  The parent only starts them, enforces
+the timeout and reports.  The stream, msgrate and rate cases of one size (or rate) run
+interleaved: every transport's pair is up at once and their clients take turns, phase by
+phase (warm-up, calibration, each repetition), so a drift of the machine's speed falls
+on all transports alike (``--sequential``: one case after the other).
 
 Tests:
 
@@ -30,6 +30,15 @@ Tests:
   ``--reps`` phases of ~``--rep-time`` seconds each: connections/s, median [min-max].
   For rsock this is its whole connection setup (rendezvous included), for tcp/unix
   the kernel's.
+* rate (when asked for: ``--tests rate``): fixed-rate (open-loop) load, ``_rate.py``.  The
+  client sends 64 B requests on a schedule (request i at start + i/R, a periodic timerfd)
+  whether or not earlier replies are back, the ping-pong server echoes them, and each
+  latency is taken from the request's scheduled time (a client that falls behind shows
+  the backlog as latency).  Points: ``--rate`` (messages/s) and ``--rate-frac`` (fractions
+  of TCP's closed-loop maximum: round trips/s of this run's 64 B TCP ping-pong on the same
+  api, else of a probe run for it).  Each point: a warm-up, then ``rate_time`` seconds
+  in ``_rate.SLICES`` phases, the transports' phases in turn: achieved rate, latency
+  percentiles, CPU per message of each side.
 * idle (sync api only): ``--idle-conns`` connected pairs, both processes waiting for
   input on all of them with a selector for ``--idle-time`` seconds (one window on the
   shared monotonic clock): each process's CPU time per second of idle time, how many
@@ -87,16 +96,18 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from rsock.bench import _env, _plot, _progress
+    from rsock.bench import _env, _plot, _progress, _rate
 else:  # `python rsock/bench/__init__.py`: the sibling modules are on sys.path[0]
     import _env  # type: ignore[import-not-found,no-redef]
     import _plot  # type: ignore[import-not-found,no-redef]
     import _progress  # type: ignore[import-not-found,no-redef]
+    import _rate  # type: ignore[import-not-found,no-redef]
 
 WORKER = Path(__file__).resolve().with_name("_worker.py")
 TRANSPORTS = ("rsock", "rsock:shm", "rsock:verbs", "tcp", "unix", "ucxx")
 RSOCK_PROVIDERS = ("shm", "verbs")
-TESTS = ("stream", "msgrate", "pingpong", "connrate", "idle")
+TESTS = ("stream", "msgrate", "pingpong", "connrate", "idle", "rate")
+DEFAULT_TESTS = ("stream", "msgrate", "pingpong", "connrate", "idle")  # rate: when asked for
 SYNC_ONLY_TESTS = ("idle",)
 UCXX_TESTS = ("pingpong",)  # what the optional ucxx reference runs (asyncio api)
 SWEEP_SIZES = [64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20]
@@ -162,6 +173,51 @@ def parse_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
+def parse_rates(text: str) -> list[float]:
+    """``200,2000,20k`` -> messages/s (k = 1000); empty or ``none``: no fixed rate."""
+    out: list[float] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part or part == "none":
+            continue
+        scale = 1000.0 if part.endswith("k") else 1.0
+        try:
+            value = float(part.removesuffix("k")) * scale
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"bad rate {part!r} (examples: 200, 2000, 20k)"
+            ) from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"rate must be positive: {part!r}")
+        out.append(value)
+    return out
+
+
+def parse_fracs(text: str) -> list[float]:
+    """``0.1,0.5,0.9`` or ``10%,50%,90%`` -> fractions; empty or ``none``: no fraction."""
+    out: list[float] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part or part == "none":
+            continue
+        scale = 0.01 if part.endswith("%") else 1.0
+        try:
+            value = float(part.removesuffix("%")) * scale
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"bad fraction {part!r} (examples: 0.5, 50%)"
+            ) from None
+        if not (0 < value <= 10):
+            raise argparse.ArgumentTypeError(f"fraction must be in (0, 10]: {part!r}")
+        out.append(value)
+    return out
+
+
+def fmt_rate(rate: float) -> str:
+    """A rate as the table shows it: 200, 2000, 13712 (whole messages/s)."""
+    return f"{rate:.0f}"
+
+
 def fmt_size(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale and n % scale == 0:
@@ -201,8 +257,11 @@ class Options:
     plot_path: str | None = None
     progress: str = "auto"
     rsock_provider: str = ""  # RSOCK_PROVIDER of this run ("" = unset: shm)
-    interleave: bool = True  # stream/msgrate: the transports' phases in turn (run_group)
+    interleave: bool = True  # stream/msgrate/rate: the transports' phases in turn (run_group)
     cpus: tuple[int, int] = (-1, -1)  # (server, client); -1 = not pinned
+    rates: list[float] = field(default_factory=lambda: list(_rate.DEFAULT_RATES))  # msg/s
+    rate_fracs: list[float] = field(default_factory=lambda: list(_rate.DEFAULT_FRACS))
+    rate_time: float = 2.0  # timed seconds per rate point
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,10 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--tests",
         type=parse_list(TESTS),
-        default=list(TESTS),
+        default=list(DEFAULT_TESTS),
         metavar="LIST",
-        help="comma list of stream,msgrate,pingpong,connrate,idle (default all; idle "
-        "runs with the sync api only)",
+        help="comma list of stream,msgrate,pingpong,connrate,idle,rate (default all but "
+        "rate; idle runs with the sync api only)",
     )
     ap.add_argument(
         "--sizes",
@@ -290,6 +349,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="ping-pong message sizes, e.g. 64,4K,64K (default: --ping-size; --sweep: the "
         "sweep sizes); rounds per size are capped at 256 MiB (--quick 32 MiB) / size, "
         f"at least {PING_MIN_ROUNDS}",
+    )
+    ap.add_argument(
+        "--rate",
+        dest="rates",
+        type=parse_rates,
+        default=None,
+        metavar="R[,R...]",
+        help="rate test: fixed rates in messages/s, e.g. 200,2000,20k (default 200,2000,20000 "
+        "when --rate-frac is not given either, else none)",
+    )
+    ap.add_argument(
+        "--rate-frac",
+        dest="rate_fracs",
+        type=parse_fracs,
+        default=None,
+        metavar="F[,F...]",
+        help="rate test: rates that are fractions of TCP's closed-loop maximum (round trips/s "
+        "of a 64 B ping-pong over TCP on the same api, from this run's pingpong case or a "
+        "probe of --rounds round trips), e.g. 0.1,0.5,0.9 or 10%%,50%% (default 0.1,0.5,0.9 "
+        "when --rate is not given either, else none)",
     )
     ap.add_argument(
         "--mode",
@@ -343,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sequential",
         dest="interleave",
         action="store_false",
-        help="run each transport's stream/msgrate case to the end before the next one "
+        help="run each transport's stream/msgrate/rate case to the end before the next one "
         "starts (default: all transports' worker pairs are up at once and take turns, "
         "phase by phase, so a drift of the machine's speed falls on all of them alike)",
     )
@@ -352,7 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="target duration of one stream/msgrate/connrate repetition (default 1.0, --quick 0.2)",
+        help="target duration of one stream/msgrate/connrate repetition (default 1.0, --quick "
+        "0.2); the rate test's timed duration per rate point when given (default 2, --quick "
+        "0.5)",
     )
     ap.add_argument(
         "--warmup-bytes",
@@ -375,10 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--pin",
-        choices=("split", "same", "none"),
-        default="split",
-        help="split: server on the first CPU, client on the second (default); "
-        "same: both on the first; none: leave placement to the scheduler",
+        choices=("none", "split", "same"),
+        default="none",
+        help="none: leave placement to the scheduler (default); split: server on the first "
+        "CPU, client on the second (every wake-up then crosses CPUs); same: both on the first",
     )
     ap.add_argument(
         "--verify",
@@ -454,6 +535,14 @@ def parse_options(argv: list[str]) -> Options:
             ap.error(f"--plot: directory {parent} does not exist")
     if a.ping_sizes is not None and not a.ping_sizes:
         ap.error("--ping-sizes is empty")
+    if (a.rates is not None or a.rate_fracs is not None) and "rate" not in a.tests:
+        ap.error("--rate and --rate-frac are points of the rate test: add --tests rate")
+    if a.rates is None and a.rate_fracs is None:
+        rates, fracs = list(_rate.DEFAULT_RATES), list(_rate.DEFAULT_FRACS)
+    else:
+        rates, fracs = a.rates or [], a.rate_fracs or []
+    if "rate" in a.tests and not rates and not fracs:
+        ap.error("the rate test has no point: --rate and --rate-frac are both empty")
     env_spin = os.environ.get("RSOCK_SPIN_US") or os.environ.get("RSOCK_LOOP_POLL_US")
     if a.mode is not None:
         mode, spin_us = a.mode, MODES[a.mode]
@@ -490,6 +579,9 @@ def parse_options(argv: list[str]) -> Options:
         progress=a.progress,
         rsock_provider=os.environ.get("RSOCK_PROVIDER", ""),
         interleave=a.interleave,
+        rates=rates,
+        rate_fracs=fracs,
+        rate_time=pick(a.rep_time, 2.0, 0.5),
     )
     if opts.reps < 1 or opts.rounds < 1 or opts.rep_time <= 0 or opts.timeout <= 0:
         ap.error("--reps and --rounds must be >= 1, --rep-time and --timeout > 0")
@@ -639,6 +731,15 @@ class Case:
     client_stderr: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
     label: str = ""  # transport as the table shows it (rsock(verbs))
+    point: int = -1  # rate: index of the rate point (rate_points)
+    rate: float = 0.0  # rate: target messages/s (0: a fraction not resolved yet)
+    rate_frac: float | None = None  # rate: the fraction of TCP's closed-loop maximum
+    tcp_max: float | None = None  # rate: that maximum (round trips/s), once known
+
+    @property
+    def slot(self) -> int:
+        """What tells the cases of one test apart: the size, or the rate point."""
+        return self.point if self.test == "rate" else self.size
 
     @property
     def name(self) -> str:
@@ -646,6 +747,8 @@ class Case:
             size = ""
         elif self.test == "idle":
             size = f" {self.size} conns"
+        elif self.test == "rate":
+            size = f" {rate_label(self.rate, self.rate_frac)}"
         else:
             size = f" {fmt_size(self.size)}"
         return f"{self.label or self.transport} {self.test}{size} [{self.tag}]"
@@ -665,6 +768,18 @@ class Case:
             "status": self.status,
             "error": self.error,
             "seconds": round(self.seconds, 3),
+            **(
+                {
+                    "rate_point": {
+                        "index": self.point,
+                        "target_per_s": self.rate or None,
+                        "frac_of_tcp_max": self.rate_frac,
+                        "tcp_max_per_s": self.tcp_max,
+                    }
+                }
+                if self.test == "rate"
+                else {}
+            ),
             "summary": self.summary,
             "server": self.server,
             "client": self.client,
@@ -707,9 +822,27 @@ def warmup_bytes(opts: Options, case: Case) -> int:
     return case.size * max(4, min(opts.warmup_bytes // case.size, cap))
 
 
+def rate_points(opts: Options) -> list[tuple[float, float | None]]:
+    """The rate test's points: (fixed rate, None) for each --rate, then (0,
+    fraction) for each --rate-frac (its rate known once TCP's maximum is)."""
+    return [(r, None) for r in opts.rates] + [(0.0, f) for f in opts.rate_fracs]
+
+
+def rate_label(rate: float, frac: float | None) -> str:
+    """200/s; 50% tcp max = 9305/s (or 50% tcp max before the maximum is known)."""
+    if frac is None:
+        return f"{fmt_rate(rate)}/s"
+    text = f"{frac * 100:g}% tcp max"
+    return f"{text} = {fmt_rate(rate)}/s" if rate > 0 else text
+
+
 def client_args(opts: Options, case: Case) -> list[str]:
     rounds, warmup_rounds = ping_rounds(opts, case.size)
     return [
+        "--rate",
+        repr(case.rate or 1.0),
+        "--rate-time",
+        str(opts.rate_time),
         "--reps",
         str(opts.reps),
         "--rep-time",
@@ -996,12 +1129,7 @@ def classify(case: Case, started_client: bool, killed: dict[str, bool]) -> None:
 # --------------------------------------------------------------------------- statistics
 
 
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile (p in 0..100) of an ascending list."""
-    if not sorted_values:
-        raise ValueError("no samples")
-    rank = math.ceil(p * len(sorted_values) / 100 - 1e-9)
-    return sorted_values[min(max(rank, 1), len(sorted_values)) - 1]
+percentile = _rate.percentile  # nearest rank, p in 0..100, of an ascending list
 
 
 def median(values: list[float]) -> float:
@@ -1060,6 +1188,8 @@ def summarize(case: Case) -> dict[str, Any]:
 
 
 def summarize_test(case: Case) -> dict[str, Any]:
+    if case.test == "rate":
+        return _rate.summarize(case.client, case.server)
     if case.test == "idle":
         c, s = case.client, case.server
         if c["connections"] != s["connections"]:
@@ -1082,16 +1212,17 @@ def summarize_test(case: Case) -> dict[str, Any]:
             raise ValueError(
                 f"client made {case.client['connections']} connections, server saw {total}"
             )
+        conn_c = median([c["cpu_s"] / c["count"] * 1e6 for c in cph if c["kind"] == "rep"])
+        conn_s = case.server["cpu_s"] / max(total, 1) * 1e6
         return {
             "conn_per_s_median": median(rates),
             "conn_per_s_min": min(rates),
             "conn_per_s_max": max(rates),
             "conn_per_s": rates,
             "connections": total,
-            "client_cpu_us_per_conn": median(
-                [c["cpu_s"] / c["count"] * 1e6 for c in cph if c["kind"] == "rep"]
-            ),
-            "server_cpu_us_per_conn": case.server["cpu_s"] / max(total, 1) * 1e6,
+            "client_cpu_us_per_conn": conn_c,
+            "server_cpu_us_per_conn": conn_s,
+            "cpu_us_per_conn": conn_c + conn_s,
         }
     sph = case.server["phases"]
     if len(cph) != len(sph):
@@ -1108,6 +1239,9 @@ def summarize_test(case: Case) -> dict[str, Any]:
             "msgs_per_rep": reps[0][0]["count"],
             "client_cpu_ns_per_msg": median([c["cpu_s"] / c["count"] * 1e9 for c, _ in reps]),
             "server_cpu_ns_per_msg": median([s["cpu_s"] / c["count"] * 1e9 for c, s in reps]),
+            "cpu_ns_per_msg": median(
+                [(c["cpu_s"] + s["cpu_s"]) / c["count"] * 1e9 for c, s in reps]
+            ),
         }
     if case.test == "stream":
         gbps = [c["bytes"] / c["ns"] for c, _ in reps]
@@ -1122,6 +1256,7 @@ def summarize_test(case: Case) -> dict[str, Any]:
             "bytes_per_rep": reps[0][0]["bytes"],
             "client_cpu_s_per_gb": median(ccpu),
             "server_cpu_s_per_gb": median(scpu),
+            "cpu_s_per_gb": median([a + b for a, b in zip(ccpu, scpu, strict=True)]),
         }
     rtt = sorted(x / 1000.0 for x in case.client["rtt_ns"])
     c, s = reps[-1]
@@ -1136,6 +1271,7 @@ def summarize_test(case: Case) -> dict[str, Any]:
         "rounds": len(rtt),
         "client_cpu_us_per_rt": c["cpu_s"] / c["count"] * 1e6,
         "server_cpu_us_per_rt": s["cpu_s"] / s["count"] * 1e6,
+        "cpu_us_per_rt": c["cpu_s"] / c["count"] * 1e6 + s["cpu_s"] / s["count"] * 1e6,
     }
 
 
@@ -1168,8 +1304,20 @@ class Row:
         return text
 
 
-def rows_for(test: str, size: int, tag: str) -> list[Row]:
+def rows_for(test: str, size: int, tag: str, point: str = "") -> list[Row]:
+    """The table's rows of a case (``point``: the rate test's point, as labelled)."""
     us = micro()
+    if test == "rate":
+        return [
+            Row(f"rate {point} [{tag}]  achieved msg/s", "achieved_per_s", True, 0, first=True),
+            Row(f"  latency p50 {us}", "lat_us_p50", False, 1),
+            Row(f"  latency p99 {us}", "lat_us_p99", False, 1),
+            Row(f"  latency p99.9 {us}", "lat_us_p99_9", False, 1),
+            Row(f"  send lag p50 {us}", "send_lag_us_p50", False, 1),
+            Row(f"  cpu client {us}/msg", "client_cpu_us_per_msg", False, 2),
+            Row(f"  cpu server {us}/msg", "server_cpu_us_per_msg", False, 2),
+            Row(f"  cpu both {us}/msg", "cpu_us_per_msg", False, 2),
+        ]
     if test == "stream":
         return [
             Row(
@@ -1182,6 +1330,7 @@ def rows_for(test: str, size: int, tag: str) -> list[Row]:
             ),
             Row("  cpu client s/GB", "client_cpu_s_per_gb", False, 3),
             Row("  cpu server s/GB", "server_cpu_s_per_gb", False, 3),
+            Row("  cpu both s/GB", "cpu_s_per_gb", False, 3),
         ]
     if test == "msgrate":
         return [
@@ -1195,6 +1344,7 @@ def rows_for(test: str, size: int, tag: str) -> list[Row]:
             ),
             Row("  cpu client ns/msg", "client_cpu_ns_per_msg", False, 0),
             Row("  cpu server ns/msg", "server_cpu_ns_per_msg", False, 0),
+            Row("  cpu both ns/msg", "cpu_ns_per_msg", False, 0),
         ]
     if test == "idle":
         return [
@@ -1208,6 +1358,7 @@ def rows_for(test: str, size: int, tag: str) -> list[Row]:
             Row(f"connrate [{tag}]  conn/s", "conn_per_s_median", True, 0, first=True, spread=True),
             Row(f"  cpu client {us}/conn", "client_cpu_us_per_conn", False, 1),
             Row(f"  cpu server {us}/conn", "server_cpu_us_per_conn", False, 1),
+            Row(f"  cpu both {us}/conn", "cpu_us_per_conn", False, 1),
         ]
     return [
         Row(f"pingpong {fmt_size(size)} [{tag}]  RTT p50 {us}", "rtt_us_p50", False, 1, first=True),
@@ -1216,6 +1367,7 @@ def rows_for(test: str, size: int, tag: str) -> list[Row]:
         Row(f"  RTT p99.9 {us}", "rtt_us_p99_9", False, 1),
         Row(f"  cpu client {us}/RT", "client_cpu_us_per_rt", False, 1),
         Row(f"  cpu server {us}/RT", "server_cpu_us_per_rt", False, 1),
+        Row(f"  cpu both {us}/RT", "cpu_us_per_rt", False, 1),
     ]
 
 
@@ -1329,7 +1481,7 @@ def env_line(env: dict[str, Any], opts: Options, cases: list[Case]) -> str:
 
 
 def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
-    by_key = {(c.transport, c.api, c.test, c.size): c for c in cases}
+    by_key = {(c.transport, c.api, c.test, c.slot): c for c in cases}
     cmp = comparison(opts.transports)
     rsock_ts = [t for t in opts.transports if is_rsock(t)]
     labels = [transport_label(opts, t) for t in opts.transports]
@@ -1338,7 +1490,12 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
     table: list[list[str] | str] = []  # a str: a free line (counters), not in the columns
     for api in opts.apis:
         for test, size in plan_tests(opts, api):
-            for row in rows_for(test, size, api_tag(api, opts.loop)):
+            point = ""
+            if test == "rate":
+                known = [c for t in opts.transports if (c := by_key.get((t, api, test, size)))]
+                fixed, frac = rate_points(opts)[size]
+                point = rate_label(known[0].rate if known else fixed, frac)
+            for row in rows_for(test, size, api_tag(api, opts.loop), point):
                 line = [row.label]
                 for t in opts.transports:
                     c = by_key.get((t, api, test, size))
@@ -1416,6 +1573,19 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
             "(asyncio: create_connection, Protocols on both sides), "
             f"median [min-max] of {opts.reps} reps of ~{opts.rep_time:g} s."
         )
+    if "rate" in tests:
+        out.append(
+            f"rate = {_rate.SIZE} B requests sent on a fixed schedule (request i at start + "
+            "i/rate, a periodic timerfd; sync: a sending and a receiving thread, asyncio: the "
+            "timer as a reader of the loop) whether or not earlier replies came back, echoed "
+            "by the server; latency = reply arrival - scheduled send time, so a client that "
+            "falls behind shows it as latency; send lag = how late the sender woke for a "
+            "request (in the latency, the same for every transport); achieved = replies/s "
+            f"between each phase's first and last reply; {opts.rate_time:g} s per point in "
+            f"{_rate.SLICES} timed phases after a warm-up at the rate; cpu = user+sys of that "
+            "process over the timed phases / messages; fractions are of TCP's closed-loop "
+            "maximum (64 B ping-pong round trips/s, same api)."
+        )
     if "idle" in tests:
         out.append(
             f"idle = {opts.idle_conns} connected pairs, both processes waiting for input on all "
@@ -1437,7 +1607,7 @@ def render(opts: Options, env: dict[str, Any], cases: list[Case]) -> str:
         )
     out.append(
         "cpu = user+sys of that process (median over reps) per 10^9 bytes, message, RT or "
-        "connection (connrate server: whole session)."
+        "connection (connrate server: whole session); cpu both = client + server."
     )
     if "asyncio" in opts.apis:
         out.append(
@@ -1480,6 +1650,8 @@ def plan_tests(opts: Options, api: str) -> list[tuple[str, int]]:
         plan.append(("connrate", 1))
     if "idle" in opts.tests and api == "sync":
         plan.append(("idle", opts.idle_conns))
+    if "rate" in opts.tests:
+        plan.extend(("rate", i) for i in range(len(rate_points(opts))))
     return plan
 
 
@@ -1498,7 +1670,7 @@ def case_plan(opts: Options) -> list[tuple[str, str, str, int]]:
     ]
 
 
-INTERLEAVED = ("stream", "msgrate")  # the tests whose clients take turns (Gate)
+INTERLEAVED = ("stream", "msgrate", "rate")  # the tests whose clients take turns (Gate)
 
 
 def case_groups(
@@ -1533,11 +1705,100 @@ def progress(case: Case) -> str:
             f"cpu client {s['client_cpu_us_per_s']:.1f} {micro()}/s, server "
             f"{s['server_cpu_us_per_s']:.1f} {micro()}/s, {s['wakeups']} wake-ups"
         )
+    if case.test == "rate":
+        us = micro()
+        return (
+            f"{s['achieved_per_s']:.0f} msg/s, latency p50 {s['lat_us_p50']:.1f} {us} p99 "
+            f"{s['lat_us_p99']:.1f} {us}, cpu {s['client_cpu_us_per_msg']:.1f}+"
+            f"{s['server_cpu_us_per_msg']:.1f} {us}/msg"
+        )
     if case.test in ("msgrate", "connrate"):
         key, unit = ("msg_per_s", "msg/s") if case.test == "msgrate" else ("conn_per_s", "conn/s")
         lo, hi = s[key + "_min"], s[key + "_max"]
         return f"{s[key + '_median']:.0f} {unit} [{lo:.0f}-{hi:.0f}]"
     return f"RTT p50 {s['rtt_us_p50']:.1f} {micro()}, p99 {s['rtt_us_p99']:.1f} {micro()}"
+
+
+def new_case(opts: Options, transport: str, api: str, test: str, slot: int) -> Case:
+    """The case of a plan item (a rate point: its fixed rate or its fraction)."""
+    loop = opts.loop if api == "asyncio" else ""
+    if test == "rate":
+        fixed, frac = rate_points(opts)[slot]
+        case = Case(transport, test, _rate.SIZE, api, loop, point=slot, rate=fixed, rate_frac=frac)
+    else:
+        case = Case(transport, test, slot, api, loop)
+    case.label = transport_label(opts, transport)
+    return case
+
+
+def tcp_max(opts: Options, api: str, cases: list[Case], bar: _progress.Progress) -> dict[str, Any]:
+    """TCP's closed-loop maximum on ``api``: round trips/s of this run's 64 B TCP
+    ping-pong case when there is one, else of a probe (the same ping-pong, not in the
+    table; ``rate_tcp_max`` of the JSON)."""
+    for c in cases:
+        if (c.transport, c.api, c.test, c.size, c.status) == ("tcp", api, "pingpong", 64, "ok"):
+            return {
+                "msg_per_s": _rate.closed_loop_rate(c.client),
+                "source": "pingpong case",
+                "rtt_us_p50": c.summary["rtt_us_p50"],
+            }
+    probe = new_case(opts, "tcp", api, "pingpong", _rate.SIZE)
+    rounds, warmup = ping_rounds(opts, _rate.SIZE)
+    bar.message(
+        f"rate: TCP's closed-loop maximum [{probe.tag}]: a 64 B ping-pong of {rounds} round "
+        f"trips after {warmup}"
+    )
+    run_case(opts, probe, bar.tick)
+    found: dict[str, Any] = {"msg_per_s": None, "source": "probe", "case": probe.to_json()}
+    if probe.status == "ok":
+        found["msg_per_s"] = _rate.closed_loop_rate(probe.client)
+        found["rtt_us_p50"] = probe.summary["rtt_us_p50"]
+    else:
+        found["error"] = f"{probe.status}: {probe.error}"
+    bar.message(
+        f"rate: TCP's closed-loop maximum [{probe.tag}]: "
+        + (f"{found['msg_per_s']:.0f}/s" if probe.status == "ok" else f"FAILED ({probe.status})")
+    )
+    return found
+
+
+def resolve_rates(
+    opts: Options,
+    batch: list[Case],
+    cases: list[Case],
+    probes: dict[str, dict[str, Any]],
+    bar: _progress.Progress,
+) -> None:
+    """The target rate of the rate cases of one point: a fraction needs TCP's
+    closed-loop maximum on that api (found or probed once per api); without
+    it the cases fail and say why."""
+    for case in batch:
+        if case.rate_frac is None:
+            continue
+        if case.api not in probes:
+            probes[case.api] = tcp_max(opts, case.api, cases, bar)
+        found = probes[case.api]
+        if found["msg_per_s"]:
+            case.tcp_max = found["msg_per_s"]
+            case.rate = _rate.frac_rates(found["msg_per_s"], [case.rate_frac])[0]
+        else:
+            case.status = "error"
+            case.error = f"no TCP closed-loop maximum to take {case.rate_frac:g} of: " + str(
+                found.get("error")
+            )
+
+
+def rate_ratios(opts: Options, cases: list[Case]) -> None:
+    """Each rate case of a compared transport gets ``summary['vs_<baseline>']``:
+    its CPU per message and latency over the baseline's (< 1: less)."""
+    by_key = {(c.transport, c.api, c.test, c.slot): c for c in cases}
+    for x, y in comparison(opts.transports):
+        for c in cases:
+            if c.transport != x or c.test != "rate" or c.status != "ok":
+                continue
+            base = by_key.get((y, c.api, c.test, c.slot))
+            if base is not None and base.status == "ok":
+                c.summary[f"vs_{y}"] = _rate.ratios(c.summary, base.summary)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1557,22 +1818,25 @@ def main(argv: list[str] | None = None) -> int:
         f"rsock.bench: {len(plan)} cases, {pin_text(opts)}{extra}{', quick' if opts.quick else ''}"
     )
     cases: list[Case] = []
+    probes: dict[str, dict[str, Any]] = {}  # rate: TCP's closed-loop maximum, by api
     t0 = time.monotonic()
     try:
         for group in case_groups(opts, plan):
             first = len(cases) + 1
             for transport, api, test, size in group:
-                case = Case(transport, test, size, api, opts.loop if api == "asyncio" else "")
-                case.label = transport_label(opts, transport)
+                case = new_case(opts, transport, api, test, size)
                 cases.append(case)
             batch = cases[first - 1 :]
-            if len(batch) == 1:
-                bar.start(first, batch[0].name)
-                run_case(opts, batch[0], bar.tick)
-            else:
-                names = " | ".join(c.label or c.transport for c in batch)
-                bar.start(first, f"{batch[0].name} with {names} in turn")
-                run_group(opts, batch, bar.tick)
+            if batch[0].test == "rate":
+                resolve_rates(opts, batch, cases, probes, bar)
+            todo = [c for c in batch if not c.error]  # (a rate point without its maximum)
+            if len(todo) == 1:
+                bar.start(first, todo[0].name)
+                run_case(opts, todo[0], bar.tick)
+            elif todo:
+                names = " | ".join(c.label or c.transport for c in todo)
+                bar.start(first, f"{todo[0].name} with {names} in turn")
+                run_group(opts, todo, bar.tick)
             for i, case in enumerate(batch, first):
                 if i > first:
                     bar.start(i, case.name)
@@ -1580,6 +1844,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bar.close()
     total = time.monotonic() - t0
+    rate_ratios(opts, cases)
     env["rsock_providers_used"] = (
         providers_used(cases) if any(map(is_rsock, opts.transports)) else None
     )
@@ -1599,6 +1864,7 @@ def main(argv: list[str] | None = None) -> int:
             "config": {k: v for k, v in vars(opts).items() if k != "json_path"},
             "seconds": round(total, 3),
             "cases": [c.to_json() for c in cases],
+            "rate_tcp_max": probes,
         }
         Path(opts.json_path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     if any(c.status == "verify" for c in cases):

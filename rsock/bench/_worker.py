@@ -4,7 +4,7 @@ The parent (`python -m rsock.bench`) starts this file *by path* with the same
 interpreter, so a tcp/unix case never imports the `rsock` package; only the rsock
 transport imports it, lazily.  Standard library only.
 
-    _worker.py serve  --transport T --test stream|msgrate|pingpong|connrate|idle
+    _worker.py serve  --transport T --test stream|msgrate|pingpong|connrate|idle|rate
                       --size S [--addr PATH] [--cpu N] [--idle-time SECONDS]
                       [--api sync|asyncio] [--loop asyncio|uvloop]
                       [--msgrate-recv bulk|message]
@@ -32,6 +32,9 @@ Wire protocol (same for every transport, client -> server unless noted):
   up to BULK bytes per ``recv_into``, as netperf's TCP_STREAM -m 64 receiver does) or
   one ``recv_into`` per message (``message``);
 * pingpong: ``count`` times a ``size``-byte message that the server echoes back;
+* rate: the pingpong protocol (the same server), but the client sends its 64-byte
+  messages on a fixed schedule (``--rate`` per second) without waiting for the echoes,
+  each carrying its sequence number; see ``_rate.py``;
 * connrate (sync api only): no phase header; every connection carries one byte
   ``seq % 255`` that the server checks against its own count, echoes, then closes
   (server-side close first, so TIME_WAIT stays off the client's ephemeral ports); a
@@ -72,6 +75,11 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer
+
+if __package__:
+    from rsock.bench import _rate
+else:  # run by path (the parent does): the sibling module is on sys.path[0]
+    import _rate  # type: ignore[import-not-found,no-redef]
 
 MAGIC = b"RSBH"
 HDR = struct.Struct("<4sIQ")  # magic, flags, message count
@@ -676,7 +684,7 @@ class AsyncServer(asyncio.BufferedProtocol):
 
     def __init__(self, args: argparse.Namespace, phases: list[dict[str, Any]]) -> None:
         self.kind: str = args.transport
-        self.stream = args.test != "pingpong"  # stream or msgrate
+        self.stream = args.test not in ("pingpong", "rate")  # stream or msgrate
         self.size: int = args.size
         self.phases = phases
         self.done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -1250,6 +1258,58 @@ def client_pingpong(conn: StreamSocket, args: argparse.Namespace) -> dict[str, A
     return {"ok": True, "phases": phases, "rtt_ns": samples.tolist()}
 
 
+class RateLog:
+    """The rate client's record of its phases (``_rate.phase_plan``): each phase
+    with its place on the shared clock, the samples of the timed ones."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.rate: float = args.rate
+        self.period = _rate.period_ns(args.rate)
+        self.plan = _rate.phase_plan(args.rate, args.rate_time)
+        self.phases: list[dict[str, Any]] = []
+        self.lat = array("q")
+        self.lag = array("q")
+        self.seq = 0  # sequence number of the next message (over the session)
+
+    def add(self, m0: int, phase: dict[str, Any], sender: Any, replies: Any) -> None:
+        phase["mono_ns"] = [m0, time.monotonic_ns()]
+        self.phases.append(phase)
+        self.seq += phase["count"]
+        if phase["nbad"]:
+            raise VerifyError(
+                f"rate {phase['kind']}: {phase['nbad']} of {phase['count']} echoes differ from "
+                f"their request; first: message {phase['first_bad_seq']}"
+            )
+        if phase["kind"] == "rep":
+            self.lat.extend(replies.lat)
+            self.lag.extend(sender.lag)
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "phases": self.phases,
+            "rate_asked": self.rate,
+            "rate_target": 1e9 / self.period,
+            "period_ns": self.period,
+            "lat_ns": self.lat.tolist(),  # reply arrival - scheduled send, timed phases
+            "lag_ns": self.lag.tolist(),  # sender wake-up - scheduled send, timed phases
+        }
+
+
+def client_rate(conn: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Fixed-rate requests on a blocking socket: a sending and a receiving thread."""
+    log = RateLog(args)
+    gate = Gate(args.gate)
+    for kind, count in log.plan:
+        gate.wait()
+        m0 = time.monotonic_ns()
+        conn.sendall(HDR.pack(MAGIC, 0, count))
+        log.add(m0, *_rate.run_phase_sync(conn, kind, count, log.seq, log.period))
+        gate.done()
+    end_session(conn)
+    return log.result()
+
+
 # --------------------------------------------------------------------------- asyncio client
 
 
@@ -1372,6 +1432,22 @@ async def aclient_pingpong(proto: AsyncClient, args: argparse.Namespace) -> dict
     return {"ok": True, "phases": phases, "rtt_ns": samples.tolist()}
 
 
+async def aclient_rate(proto: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Fixed-rate requests on an event loop (``_rate.RateClient``)."""
+    log = RateLog(args)
+    gate = Gate(args.gate)
+    tr = proto.transport
+    for kind, count in log.plan:
+        gate.wait()  # blocks the loop: nothing of this session is in flight between phases
+        m0 = time.monotonic_ns()
+        tr.write(HDR.pack(MAGIC, 0, count))
+        log.add(m0, *await _rate.run_phase_async(proto, kind, count, log.seq, log.period))
+        gate.done()
+    tr.write(HDR.pack(MAGIC, 0, 0))
+    await proto.read_raw(ACK.size)
+    return log.result()
+
+
 async def aend_session(proto: AsyncClient) -> None:
     assert proto.transport is not None
     proto.transport.write(HDR.pack(MAGIC, 0, 0))
@@ -1455,10 +1531,12 @@ async def aclient(args: argparse.Namespace) -> dict[str, Any]:
     if args.test == "connrate":
         return await aclient_connrate(args)
 
-    def factory() -> AsyncClient:
+    def factory() -> asyncio.BaseProtocol:
+        if args.test == "rate":
+            return _rate.RateClient()
         return AsyncClient(args.transport, cap)
 
-    proto: AsyncClient
+    proto: Any  # AsyncClient, or _rate.RateClient for the rate test
     if args.transport == "rsock":
         _, proto = await rsock_asyncio().create_connection(factory, "127.0.0.1", int(args.addr))
     elif args.transport == "unix":
@@ -1470,7 +1548,10 @@ async def aclient(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.fault == "hang":
             await asyncio.sleep(10**6)
-        if args.test in ("stream", "msgrate"):
+        if args.test == "rate":
+            tune_transport(tr, args.transport)
+            result = await aclient_rate(proto, args)
+        elif args.test in ("stream", "msgrate"):
             result = await aclient_stream(proto, args)
         else:
             result = await aclient_pingpong(proto, args)
@@ -1610,6 +1691,8 @@ def client(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(10**6)
         if args.test in ("stream", "msgrate"):
             result = client_stream(conn, args)
+        elif args.test == "rate":
+            result = client_rate(conn, args)
         else:
             result = client_pingpong(conn, args)
         result.update(transport_info(args.transport, conn))
@@ -1627,7 +1710,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("role", choices=("serve", "client"))
     ap.add_argument("--transport", required=True, choices=("rsock", "tcp", "unix", "ucxx"))
     ap.add_argument(
-        "--test", required=True, choices=("stream", "msgrate", "pingpong", "connrate", "idle")
+        "--test",
+        required=True,
+        choices=("stream", "msgrate", "pingpong", "connrate", "idle", "rate"),
     )
     ap.add_argument("--idle-time", type=float, default=2.0)
     ap.add_argument("--api", choices=("sync", "asyncio"), default="sync")
@@ -1645,6 +1730,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--fault", choices=("", "flip", "stale", "hang"), default="")
     ap.add_argument("--msgrate-recv", choices=("bulk", "message"), default="bulk")
     ap.add_argument("--gate", default="", help="R,W: fds of an interleaved group (Gate)")
+    ap.add_argument("--rate", type=float, default=1000.0, help="rate: messages per second")
+    ap.add_argument("--rate-time", type=float, default=2.0, help="rate: timed seconds")
     return ap.parse_args(argv)
 
 
