@@ -20,9 +20,26 @@ BENCH_ARGS ?=
 export DEBIAN_FRONTEND := noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all venv sysdeps check-native lint test bench bench-apps bench-ucxx clean
+.PHONY: all help venv sysdeps check-native lint test bench bench-apps bench-ucxx clean
 
 all: test
+
+help:
+	@echo "rsock's make targets (each installs what it needs: Debian packages as root, the venv)"
+	@echo "  make test          the C tests under ASan+UBSan and TSan, lint (ruff, mypy), tests/ and"
+	@echo "                     compat/ over TCP and rsock (~20 min on 2 cores)"
+	@echo "  make venv          .venv: rsock editable with its test and compat extras (pytest,"
+	@echo "                     hypothesis, mypy, ruff, uvloop, the frameworks compat/ runs)"
+	@echo "  make lint          ruff and mypy"
+	@echo "  make check-native  the C tests alone (ASan+UBSan, TSan)"
+	@echo "  make bench         python -m rsock.bench, rsock against TCP (BENCH_ARGS=...)"
+	@echo "  make bench-apps    the application benchmark (unmodified framework programs)"
+	@echo "  make bench-ucxx    the UCXX reference in .venv-ucxx (~350 MB from PyPI)"
+	@echo "  make test-cpython  CPython's networking tests under rsock, in a private netns"
+	@echo "  make test-rdma     the verbs provider on Soft-RoCE in a qemu guest"
+	@echo "  make soak          a bounded soak (SOAK_SECONDS, default 600)"
+	@echo "  make fuzz          the protocol and engine fuzzers (FUZZ_SECONDS each)"
+	@echo "  make clean         remove the venvs and build products"
 
 venv: $(STAMP)
 
@@ -63,7 +80,7 @@ $(VPY): | sysdeps
 # _native.cpython-3XX-...so, pip _native.abi3.so) would shadow the fresh one: drop them.
 $(STAMP): $(VPY) $(NATIVE_INPUTS) | sysdeps
 	rm -f rsock/_native*.so
-	$(VPY) -m pip install --quiet --upgrade "setuptools>=61" wheel "cffi>=1.15"
+	$(VPY) -m pip install --quiet --upgrade "setuptools>=77" wheel "cffi>=1.15"
 	$(VPY) -m pip install --quiet --no-build-isolation -e '.[test,compat]'
 	touch $@
 
@@ -110,7 +127,7 @@ UCXX_STAMP := $(UCXX_VENV)/.rsock-installed
 
 $(UCXX_STAMP): $(NATIVE_INPUTS) | sysdeps
 	$(PYTHON) -m venv $(UCXX_VENV)
-	$(UCXX_VENV)/bin/python -m pip install --quiet --upgrade pip "setuptools>=61" wheel "cffi>=1.15"
+	$(UCXX_VENV)/bin/python -m pip install --quiet --upgrade pip "setuptools>=77" wheel "cffi>=1.15"
 	$(UCXX_VENV)/bin/python -m pip install --quiet $(UCXX_PKG)
 	$(UCXX_VENV)/bin/python -m pip install --quiet --no-build-isolation -e '.[uvloop,bench]'
 	touch $@

@@ -1,10 +1,21 @@
 """rsock: a socket-compatible drop-in stream transport.
 
-``rsock.socket`` behaves like ``socket.socket`` for AF_INET/AF_INET6
-SOCK_STREAM, but the bytes travel through rsock's ring-buffer engine over an
-RC-queue-pair provider (``shm`` between processes on one host).  The
-stdlib's constants, exceptions and resolver functions are re-exported, so
-``import rsock as socket`` works for stream code.
+The bytes of a TCP-style connection travel through rsock's ring-buffer
+engine over reliable-connected queue pairs: shared memory between processes
+of one host (``shm``), RDMA verbs between hosts (``verbs``), kernel TCP when
+neither can reach the peer.  Three ways in:
+
+* ``python -m rsock run prog.py`` (or ``rsock.patch()``): an unmodified
+  program's TCP sockets, and asyncio's servers and connections, are rsock's;
+  ``--report FILE`` says which path each connection took.
+* ``import rsock as socket``: ``rsock.socket`` behaves like ``socket.socket``
+  for AF_INET/AF_INET6 SOCK_STREAM; the stdlib's constants, exceptions and
+  resolver functions are re-exported.
+* ``rsock.asyncio``: ``start_server``, ``open_connection``,
+  ``create_server`` and ``create_connection`` over rsock, on asyncio's loops
+  and on uvloop.
+
+``python -m rsock.bench`` measures rsock against TCP.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ FILE as JSON when the top process exits.
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
 import runpy
 import sys
@@ -30,6 +31,7 @@ from rsock import _inherit
 USAGE = """\
 usage: python -m rsock run [--report FILE] [--no-inherit]
                            (-m module | -c command | script) [args...]
+       python -m rsock --version
 
 Runs a Python program with rsock.patch() applied: its AF_INET/AF_INET6 SOCK_STREAM
 sockets are rsock sockets, every other socket a stdlib one; asyncio's TCP servers and
@@ -47,6 +49,26 @@ asyncio's loops and on uvloop) run on rsock.asyncio.
   --no-inherit   patch this process only; by default the Python processes it starts
                  (subprocess, multiprocessing spawn/forkserver, workers) are patched
                  too, through the environment (RSOCK_RUN=1 and PYTHONPATH)
+  --version      print rsock's version and exit
+
+environment:
+  RSOCK_PROVIDER=shm|verbs|tcp  force one path (default: shm to this host, verbs
+                                to another host with an RDMA device, else tcp)
+  RSOCK_FALLBACK=never|strict   never: a connection that cannot take a fast path
+                                fails (ECONNREFUSED) instead of using TCP; strict:
+                                listeners refuse plain TCP clients too, and sockets
+                                made outside the socket module are reported
+  RSOCK_SPIN_US=N               longest busy-poll of a blocking call (default 500)
+  RSOCK_LOOP_POLL_US=N          longest busy-poll of an event loop (default 250)
+  RSOCK_RING_SIZE, RSOCK_QDEPTH, RSOCK_INLINE
+                                a new connection's ring bytes, queue depth and
+                                inline send size
+  RSOCK_FILENO=lazy|exact       when a connection's fileno() becomes pollable
+  RSOCK_VERBS_LOOPBACK=1        verbs between processes of one host (tests)
+
+example:
+  python -m rsock run --report report.json server.py --port 8080
+  cat report.json      # {"accept:shm": 12, "processes": 1, "rsock": 13}
 """
 
 
@@ -55,12 +77,27 @@ def _usage_error(msg: str) -> int:
     return 2
 
 
-def _run_command(code: str, args: list[str], argv0: str = "-c", filename: str = "<string>") -> None:
+def _run_command(
+    code: str | bytes,
+    args: list[str],
+    argv0: str = "-c",
+    filename: str = "<string>",
+    path0: str = "",
+    file: str | None = None,
+) -> None:
+    """Runs ``code`` as ``__main__``, as python runs ``-c``, ``-`` or (with
+    ``file``: its absolute path) a script file."""
     sys.argv = [argv0, *args]
     if not sys.flags.safe_path and sys.path:
-        sys.path[0] = ""
+        sys.path[0] = path0
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
+    if file is not None:
+        from importlib.machinery import SourceFileLoader
+
+        main.__file__ = file
+        main.__cached__ = None  # type: ignore[attr-defined]
+        main.__loader__ = SourceFileLoader("__main__", file)
     sys.modules["__main__"] = main
     exec(compile(code, filename, "exec"), main.__dict__)
 
@@ -92,6 +129,13 @@ def _run_script(path: str, args: list[str]) -> int:
             f"[Errno 2] No such file or directory\n"
         )
         return 2
+    if os.path.isfile(path) and not _is_zip(path) and not path.endswith((".pyc", ".pyo")):
+        # a source file: __file__ absolute, argv[0] as given, as python sets them
+        full = os.path.abspath(path)
+        with io.open_code(full) as f:
+            source = f.read()
+        _run_command(source, args, path, full, os.path.dirname(full), full)
+        return 0
     sys.argv = [path, *args]
     if not sys.flags.safe_path and sys.path:
         if os.path.isfile(path) and not _is_zip(path):
@@ -162,10 +206,52 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        from rsock import __version__
+
+        sys.stdout.write(f"rsock {__version__}\n")
+        return 0
     if args[0] != "run":
         return _usage_error(f"unknown command {args[0]!r} (the only command is 'run')")
     return run(args[1:])
 
 
+def _program_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without the frames of the runner (this file and runpy) above
+    the program's own: the traceback python itself would show."""
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _main_as_python() -> int:
+    """``main()``; an exception of the program is reported as python
+    reports it (``sys.excepthook``, the program's frames only, exit status
+    1; KeyboardInterrupt: after the exit handlers, killed by SIGINT)."""
+    try:
+        return main()
+    except SystemExit:
+        raise
+    except BaseException as e:
+        tb = _program_frames(e.__traceback__)
+        if tb is None:  # (an error of the runner itself: all of it)
+            raise
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        if not isinstance(e, KeyboardInterrupt):
+            return 1
+        import atexit
+        import signal
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_as_python())

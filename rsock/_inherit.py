@@ -25,15 +25,12 @@ counts the kernel TCP connections it holds that were made outside Python's
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import shutil
 import sys
 import tempfile
-from collections import Counter
 
-from rsock import _patch, _paths
+from rsock import _patch, _paths, _report
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 ENV_RUN = "RSOCK_RUN"
@@ -140,7 +137,7 @@ def start_top(report: str | None, inherit: bool) -> None:
         import atexit
 
         out = os.path.abspath(report)
-        atexit.register(_write_report, out, directory, os.getpid())
+        atexit.register(_report.write, out, directory, os.getpid())
         _watch_top(out, directory)
     if inherit:
         os.environ[ENV_RUN] = "1"
@@ -152,34 +149,20 @@ def start_top(report: str | None, inherit: bool) -> None:
     _patch.patch()
 
 
-def tally(directory: str) -> tuple[Counter[str], int]:
-    """The counts of every process that recorded into ``directory``, and how
-    many processes did."""
-    total: Counter[str] = Counter()
-    processes = 0
-    for name in os.listdir(directory):
-        try:
-            with open(os.path.join(directory, name), encoding="utf-8") as f:
-                lines = f.read().split("\0", 1)[0].split("\n")  # (then zeros)
-        except OSError:
-            continue
-        processes += 1
-        total.update(line for line in lines if line)
-    return total, processes
-
-
 def _watch_top(path: str, directory: str) -> None:
     """A process of its own that writes the report if the top process ends
     without its ``atexit`` hooks (killed by a signal: a server stopped by
-    SIGTERM that installs no handler; ``os._exit``): it waits on a pidfd
-    of the top process and, once it is gone, sums the counts if the
-    directory is still there.  Started before the program runs, detached
-    (a grandchild in a session of its own, so the program never waits for
-    it or signals it with its group), with every fd it inherited closed
-    (it must not keep the program's files or sockets open), ignoring the
+    SIGTERM that installs no handler; ``os._exit``): ``rsock/_report.py``
+    run as a script in an interpreter of its own (``-I -S``: no rsock, no
+    patch; its command line says what it is), waiting on a pidfd of the top
+    process.  Started before the program runs, detached (a grandchild in a
+    session of its own, so the program never waits for it or signals it
+    with its group), with every fd it inherited closed but the pidfd (it
+    must not keep the program's files or sockets open), ignoring the
     terminal's signals.  Without pidfds (Linux < 5.3) there is none."""
+    top = os.getpid()
     try:
-        pidfd = os.pidfd_open(os.getpid())
+        pidfd = os.pidfd_open(top)
     except (AttributeError, OSError):
         return
     try:
@@ -195,7 +178,6 @@ def _watch_top(path: str, directory: str) -> None:
         os.setsid()
         if os.fork():
             os._exit(0)
-        import select
         import signal
 
         for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT):
@@ -205,26 +187,11 @@ def _watch_top(path: str, directory: str) -> None:
             os.dup2(null, fd)
         os.closerange(3, pidfd)
         os.closerange(pidfd + 1, 1 << 20)
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        while not poller.poll():
-            pass
-        if os.path.isdir(directory):
-            _write_report(path, directory, os.getpid())
+        os.set_inheritable(pidfd, True)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_report.py")
+        argv = ["--write", path, "--for", str(top)]
+        argv += ["--counts", directory, "--pidfd", str(pidfd)]
+        os.execv(sys.executable, [sys.executable, "-I", "-S", script, *argv])
     except BaseException:
         pass
     os._exit(0)
-
-
-def _write_report(path: str, directory: str, top: int) -> None:
-    if os.getpid() != top:
-        return  # a fork child leaving by sys.exit(): only the top process writes it
-    counts, processes = tally(directory)
-    report: dict[str, int] = dict(counts)
-    report["processes"] = processes
-    part = f"{path}.{os.getpid()}.part"  # then renamed: the file appears whole
-    with open(part, "w", encoding="utf-8") as f:
-        json.dump(report, f, sort_keys=True)
-        f.write("\n")
-    os.replace(part, path)
-    shutil.rmtree(directory, ignore_errors=True)

@@ -79,6 +79,13 @@ def test_wheel_installs_and_runs_outside_the_tree(tmp_path: Path) -> None:
     assert any(n.startswith("rsock/_native") and n.endswith(".so") for n in names), names
     assert any(n.startswith("rsock/_fastcall") and n.endswith(".so") for n in names), names
     assert not [n for n in names if n.startswith(("tests/", "compat/", "native/"))]
+    # what `pip show rsock` shows: the license, classifiers, a long description
+    [meta_name] = [n for n in names if n.endswith(".dist-info/METADATA")]
+    meta = zipfile.ZipFile(wheel).read(meta_name).decode()
+    assert "\nLicense-Expression: MIT\n" in meta, meta[:2000]
+    assert "\nClassifier: Operating System :: POSIX :: Linux\n" in meta
+    assert "\nRequires-Python: >=3.11\n" in meta
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
@@ -93,6 +100,7 @@ def test_wheel_installs_and_runs_outside_the_tree(tmp_path: Path) -> None:
     env_never = ["env", "RSOCK_FALLBACK=never"]
     out = _run([*env_never, py, "-m", "rsock", "run", "prog.py"], away, timeout=60)
     assert out.split() == ["rsock._socket", "shm"], out
+    assert _run([py, "-m", "rsock", "--version"], away).startswith("rsock ")
     out = _run([py, "-m", "rsock.bench", "--quick", "--reps", "1", "--rep-time", "0.05",
                 "--warmup-bytes", "1M", "--rounds", "100", "--warmup-rounds", "10",
                 "--sizes", "4K", "--pin", "none", "--api", "sync",

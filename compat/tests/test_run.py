@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from compat_support import check_no_stall, split_latencies
@@ -199,7 +200,7 @@ def test_report_of_a_top_process_that_ends_without_atexit(end: str, tmp_path: Pa
 def test_report_count_file_of_a_pid_that_comes_back(tmp_path: Path) -> None:
     """A process whose pid an earlier process of the tree had (pid reuse)
     counts into a file of its own: the earlier one's lines stay."""
-    from rsock import _inherit
+    from rsock import _inherit, _report
 
     saved = _inherit._report_dir, _inherit._log_map, _inherit._log_end
     try:
@@ -209,7 +210,7 @@ def test_report_count_file_of_a_pid_that_comes_back(tmp_path: Path) -> None:
         _inherit._open_log()  # (as the next process with this pid would)
         _inherit._log("accept:shm")
         _inherit._log("accept:shm")
-        counts, processes = _inherit.tally(str(tmp_path))
+        counts, processes = _report.tally(str(tmp_path))
     finally:
         if _inherit._log_map is not None:
             _inherit._log_map.close()
@@ -339,6 +340,95 @@ def test_usage_errors(tmp_path: Path, args: list[str], code: int, message: str) 
 def test_help(tmp_path: Path) -> None:
     proc = rsock_run("run", "--help", cwd=tmp_path)
     assert proc.returncode == 0 and "usage: python -m rsock run" in proc.stdout
+
+
+def test_version(tmp_path: Path) -> None:
+    import importlib.metadata
+
+    import rsock
+
+    proc = rsock_run("--version", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"rsock {importlib.metadata.version('rsock')}\n"
+    assert proc.stdout == f"rsock {rsock.__version__}\n"
+    usage = rsock_run("--help", cwd=tmp_path).stdout
+    for name in ("RSOCK_PROVIDER", "RSOCK_FALLBACK", "RSOCK_SPIN_US", "example:"):
+        assert name in usage, name
+
+
+def _plain_and_run(args: list[str], cwd: Path) -> tuple[Any, Any]:
+    plain = subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=30
+    )
+    return plain, rsock_run("run", *args, cwd=cwd)
+
+
+def test_a_relative_script_path_as_python_takes_it(script: Path, tmp_path: Path) -> None:
+    """``run scripts/show.py``: argv[0] as given, ``__file__`` absolute, as
+    python itself sets them."""
+    plain, proc = _plain_and_run(["scripts/show.py"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    mine, theirs = json.loads(proc.stdout), json.loads(plain.stdout)
+    assert mine["argv"] == theirs["argv"] == ["scripts/show.py"]
+    assert mine["file"] == theirs["file"] == str(script)
+
+
+@pytest.mark.parametrize("how", ["script", "command"])
+def test_a_programs_traceback_as_python_shows_it(script: Path, tmp_path: Path, how: str) -> None:
+    """An exception of the program: the same traceback as plain python's
+    (the program's frames only, none of runpy's or rsock's) and status 1."""
+    args = ["scripts/show.py", "raise"] if how == "script" else ["-c", "def f():\n 1/0\nf()"]
+    plain, proc = _plain_and_run(args, tmp_path)
+    assert plain.returncode == proc.returncode == 1
+    assert proc.stderr == plain.stderr
+    assert "rsock" not in proc.stderr and "runpy" not in proc.stderr
+
+
+def test_keyboard_interrupt_ends_the_program_as_python_does(tmp_path: Path) -> None:
+    """An uncaught KeyboardInterrupt: the traceback, the exit handlers, then
+    the process ends by SIGINT, as python's does."""
+    code = "import atexit\natexit.register(print, 'bye')\nraise KeyboardInterrupt"
+    plain, proc = _plain_and_run(["-c", code], tmp_path)
+    assert proc.returncode == plain.returncode == -2
+    assert proc.stdout == plain.stdout == "bye\n"
+    assert proc.stderr == plain.stderr
+
+
+@pytest.mark.timeout_s(60)
+def test_the_report_writer_says_what_it_is(tmp_path: Path) -> None:
+    """With --report, the process that writes the report should the program
+    die without its exit handlers shows in ps as rsock's report writer for
+    the program's pid, not as a second copy of the program's command line."""
+    report = tmp_path / "r.json"
+    prog = subprocess.Popen(
+        [sys.executable, "-m", "rsock", "run", "--report", str(report), "-c",
+         "import sys; sys.stdin.read()"],
+        cwd=tmp_path, stdin=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        found: list[list[str]] = []
+        deadline = time.monotonic() + 20
+        while not found and time.monotonic() < deadline:
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit() or int(pid) == prog.pid:
+                    continue
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        argv = [a.decode() for a in f.read().split(b"\0") if a]
+                except OSError:
+                    continue
+                if str(report) in argv:
+                    found.append(argv)
+            time.sleep(0.05)
+        assert len(found) == 1, found
+        [argv] = found
+        assert argv[argv.index("--for") + 1] == str(prog.pid), argv
+        assert any(a.endswith("rsock/_report.py") for a in argv), argv
+        assert "-c" not in argv, argv
+    finally:
+        prog.communicate("", timeout=30)
+    assert prog.returncode == 0
+    assert json.loads(report.read_text())["processes"] == 1
 
 
 MP_CONNECTION = """\
