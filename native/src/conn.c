@@ -305,10 +305,10 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
  * kept process-wide, the long waits in a row counted across connections).
  * A program that opens a connection per request (an accept-then-fork
  * server's client, a new HTTP connection per call) waits as long on each
- * new one as on the last: without this, every first wait spun the whole
- * cap (500 us) while the peer's answer took a millisecond, a CPU taken
- * from the peer on a small machine.  Relaxed atomics: a stale seed is only
- * a worse first guess.
+ * new one as on the last; a first wait that always spun the whole cap
+ * would spend it on every connection whose answer takes longer, a CPU
+ * taken from the peer on a small machine.  Relaxed atomics: a stale seed
+ * is only a worse first guess.
  */
 static int64_t eng_spin_seed = -1; /* ns; -1: the cap */
 static int eng_spin_seed_long;

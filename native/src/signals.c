@@ -38,10 +38,10 @@ static __thread int eng_main_tls = -1; /* is this the main thread? */
  * so a signal of either process could wake the other's wait or be taken by
  * it.  With both ends known, the child gets a pipe of its own on the same
  * numbers (dup3 replaces each end at once), which Python keeps writing to
- * and the engine keeps watching: no Python code runs for it (a Python
- * after-fork hook that made a new pipe cost an accept-then-fork server's
- * child ~150 us, most of it copy-on-write faults).  Otherwise, or if that
- * fails, the child watches none.
+ * and the engine keeps watching: no Python code runs for it (each page a
+ * fork child's Python code touches costs it a copy-on-write fault: a
+ * Python hook that made the pipe costs an accept-then-fork server's child
+ * ~150 us).  Otherwise, or if that fails, the child watches none.
  */
 void eng_signals_child(void)
 {

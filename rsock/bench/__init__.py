@@ -173,44 +173,45 @@ def parse_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     return parse
 
 
-def parse_rates(text: str) -> list[float]:
-    """``200,2000,20k`` -> messages/s (k = 1000); empty or ``none``: no fixed rate."""
+def _parse_numbers(
+    text: str,
+    suffix: str,
+    scale: float,
+    what: str,
+    examples: str,
+    ok: Callable[[float], bool],
+    rule: str,
+) -> list[float]:
+    """A comma list of numbers, each maybe ending in ``suffix`` (times
+    ``scale``); empty or ``none``: none.  ``ok`` says which values are allowed."""
     out: list[float] = []
     for part in text.split(","):
         part = part.strip().lower()
         if not part or part == "none":
             continue
-        scale = 1000.0 if part.endswith("k") else 1.0
+        times = scale if part.endswith(suffix) else 1.0
         try:
-            value = float(part.removesuffix("k")) * scale
+            value = float(part.removesuffix(suffix)) * times
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"bad rate {part!r} (examples: 200, 2000, 20k)"
+                f"bad {what} {part!r} (examples: {examples})"
             ) from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"rate must be positive: {part!r}")
+        if not (math.isfinite(value) and ok(value)):
+            raise argparse.ArgumentTypeError(f"{what} must be {rule}: {part!r}")
         out.append(value)
     return out
+
+
+def parse_rates(text: str) -> list[float]:
+    """``200,2000,20k`` -> messages/s (k = 1000); empty or ``none``: no fixed rate."""
+    return _parse_numbers(text, "k", 1000.0, "rate", "200, 2000, 20k", lambda v: v > 0, "positive")
 
 
 def parse_fracs(text: str) -> list[float]:
     """``0.1,0.5,0.9`` or ``10%,50%,90%`` -> fractions; empty or ``none``: no fraction."""
-    out: list[float] = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if not part or part == "none":
-            continue
-        scale = 0.01 if part.endswith("%") else 1.0
-        try:
-            value = float(part.removesuffix("%")) * scale
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"bad fraction {part!r} (examples: 0.5, 50%)"
-            ) from None
-        if not (0 < value <= 10):
-            raise argparse.ArgumentTypeError(f"fraction must be in (0, 10]: {part!r}")
-        out.append(value)
-    return out
+    return _parse_numbers(
+        text, "%", 0.01, "fraction", "0.5, 50%", lambda v: 0 < v <= 10, "in (0, 10]"
+    )
 
 
 def fmt_rate(rate: float) -> str:
