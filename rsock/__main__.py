@@ -147,6 +147,8 @@ def _run_script(path: str, args: list[str]) -> int:
 
 
 def _is_zip(path: str) -> bool:
+    if path.endswith(".py"):
+        return False  # (no zipfile import for a script: each fork would copy it)
     import zipfile
 
     return zipfile.is_zipfile(path)

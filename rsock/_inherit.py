@@ -28,7 +28,6 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-import tempfile
 
 from rsock import _patch, _paths, _report
 
@@ -133,6 +132,8 @@ def start_top(report: str | None, inherit: bool) -> None:
         return
     directory = None
     if report is not None:
+        import tempfile  # (only with a report: shutil, bz2, lzma come with it)
+
         directory = tempfile.mkdtemp(prefix="rsock-report-")
         import atexit
 

@@ -12,9 +12,7 @@ Standard library only: the watcher imports nothing of rsock's.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 from collections import Counter
 
@@ -41,6 +39,9 @@ def write(path: str, directory: str, top: int) -> None:
     sys.exit() runs its parent's exit handlers too)."""
     if os.getpid() != top:
         return
+    import json  # (here: a process that never writes a report does not carry them)
+    import shutil
+
     counts, processes = tally(directory)
     report: dict[str, int] = dict(counts)
     report["processes"] = processes

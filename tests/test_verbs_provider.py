@@ -9,6 +9,7 @@ pass inside the rxe guest, where a device exists (``make test-rdma``).
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 import sys
 
@@ -78,3 +79,27 @@ def test_default_provider_unaffected(
     assert got == b"x" * 100_000
     if transport == "rsock":
         assert client.provider == server.provider == "shm"
+
+
+def test_no_device_no_rdma_core_mapped() -> None:
+    """A host whose kernel lists no RDMA device: a listener and a
+    connection never load rdma-core (libibverbs, librdmacm and the netlink
+    libraries would be mapped into every process that listens, and copied
+    by each of its forks)."""
+    try:
+        listed = [d for d in os.listdir("/sys/class/infiniband") if not d.startswith(".")]
+    except FileNotFoundError:
+        listed = []
+    code = (
+        "import rsock\n"
+        "l = rsock.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n"
+        "c = rsock.create_connection(l.getsockname()); s, _ = l.accept()\n"
+        "print(c.provider, any('libibverbs' in m or 'librdmacm' in m\n"
+        "      for m in open('/proc/self/maps')))\n"
+    )
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr
+    provider, mapped = proc.stdout.split()
+    assert provider == "shm"
+    if not listed:
+        assert mapped == "False", "rdma-core loaded on a host without an RDMA device"

@@ -30,6 +30,7 @@
  * Locking: none here; the engine serialises every call on a connection
  * with its socket lock.  Listener calls come under the listener's lock.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -119,6 +120,28 @@ int v_ready(char *detail, size_t dlen)
 	return V.loaded;
 }
 
+/*
+ * Does the kernel list an RDMA device (/sys/class/infiniband, where
+ * rdma-core finds them too)?  Looked at on every call, before rdma-core is
+ * loaded: a host without one never maps libibverbs, librdmacm and the
+ * netlink libraries they pull in (about thirty mappings and their
+ * relocated pages in every process that listens, which each fork() of it
+ * copies), and a device added later is found by the next call.
+ */
+static int v_devices_listed(void)
+{
+	DIR *d = opendir("/sys/class/infiniband");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return 0;
+	while (!n && (e = readdir(d)))
+		n = e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
 /* An event channel, or -errno with one sentence saying why not. */
 int v_channel(struct rdma_event_channel **out, char *detail,
 	      size_t dlen)
@@ -127,6 +150,12 @@ int v_channel(struct rdma_event_channel **out, char *detail,
 	int fl, e, n = 0;
 
 	*out = NULL;
+	if (!v_devices_listed()) {
+		snprintf(detail, dlen,
+			 "verbs provider: no RDMA device on this host "
+			 "(/sys/class/infiniband lists none)");
+		return -ENODEV;
+	}
 	if ((e = v_ready(detail, dlen)))
 		return e;
 	ch = V.create_event_channel();
