@@ -13,7 +13,7 @@ STAMP := $(VENV)/.rsock-installed
 NATIVE_INPUTS := $(wildcard native/src/*.c native/src/*.h native/py/*.c) native/include/rsock.h \
 	native/build_ffi.py pyproject.toml setup.py
 # Directories that exist (git does not keep empty ones, so compat/ may be absent).
-LINT_PATHS := $(wildcard rsock tests compat conftest.py)
+LINT_PATHS := $(wildcard rsock tests compat conftest.py native/linkgraph.py)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
@@ -90,6 +90,8 @@ check-native: sysdeps
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy rsock
+	@# the architecture page's link graphs are the code's (C files, Python modules)
+	$(VPY) native/linkgraph.py --check docs/architecture.md
 
 # pytest exits 5 when it collected nothing; like any non-zero exit, that fails the target.
 BELL_TESTS = tests/test_asyncio.py tests/test_socket_behaviour.py tests/test_readiness.py \

@@ -64,7 +64,8 @@ environment:
                                 a new connection's ring bytes, queue depth and
                                 inline send size
   RSOCK_FILENO=lazy|exact       when a connection's fileno() becomes pollable
-  RSOCK_VERBS_LOOPBACK=1        verbs between processes of one host (tests)
+  RSOCK_VERBS_LOOPBACK=ADDR     verbs to a loopback address: the RDMA device's
+                                IPv4 address to use instead
 
 example:
   python -m rsock run --report report.json server.py --port 8080
