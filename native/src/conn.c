@@ -299,63 +299,31 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
  */
 #define SPIN_LONG(cap) ((cap) + (cap) / 4)
 
-/*
- * A connection with no waits of its own yet starts from the process's
- * tempo: the budget the last wait of any connection left (the same rule,
- * kept process-wide, the long waits in a row counted across connections).
- * A program that opens a connection per request (an accept-then-fork
- * server's client, a new HTTP connection per call) waits as long on each
- * new one as on the last; a first wait that always spun the whole cap
- * would spend it on every connection whose answer takes longer, a CPU
- * taken from the peer on a small machine.  Relaxed atomics: a stale seed
- * is only a worse first guess.
- */
-static int64_t eng_spin_seed = -1; /* ns; -1: the cap */
-static int eng_spin_seed_long;
-
-static int64_t eng_spin_clamp(int64_t b, int64_t cap)
-{
-	return b < 0 || b > cap ? cap : b;
-}
-
-/* s's spin budget as it stands (ns): its own (or the process's tempo
- * while it has none), at most opts.spin_us. */
+/* s's spin budget as it stands (ns): its own, at most opts.spin_us. */
 static int64_t eng_spin_cur(const rsk_sock *s)
 {
 	int64_t cap = (int64_t)s->opts.spin_us * 1000;
 
-	if (s->spin_ns >= 0)
-		return eng_spin_clamp(s->spin_ns, cap);
-	return eng_spin_clamp(__atomic_load_n(&eng_spin_seed, __ATOMIC_RELAXED), cap);
-}
-
-/* The budget after a wait of `waited` ns from budget b; *longs: the long
- * waits in a row so far (updated). */
-static int64_t eng_spin_next(int64_t b, int64_t cap, int64_t waited, int *longs)
-{
-	if (waited > SPIN_LONG(cap)) {
-		if (++*longs > 1)
-			b /= 2;
-		return b;
-	}
-	*longs = 0;
-	if (b < 2 * waited)
-		b = 2 * waited;
-	if (b < SPIN_MIN_NS)
-		b = SPIN_MIN_NS;
-	return b > cap ? cap : b;
+	return s->spin_ns < 0 || s->spin_ns > cap ? cap : s->spin_ns;
 }
 
 static void eng_spin_adapt(rsk_sock *s, int64_t waited)
 {
-	int64_t cap = (int64_t)s->opts.spin_us * 1000;
-	int64_t seed = eng_spin_clamp(__atomic_load_n(&eng_spin_seed, __ATOMIC_RELAXED), cap);
-	int longs = __atomic_load_n(&eng_spin_seed_long, __ATOMIC_RELAXED);
+	int64_t cap = (int64_t)s->opts.spin_us * 1000, b = eng_spin_cur(s);
 
-	s->spin_ns = eng_spin_next(eng_spin_cur(s), cap, waited, &s->spin_long);
-	seed = eng_spin_next(seed, cap, waited, &longs);
-	__atomic_store_n(&eng_spin_seed, seed, __ATOMIC_RELAXED);
-	__atomic_store_n(&eng_spin_seed_long, longs, __ATOMIC_RELAXED);
+	if (waited > SPIN_LONG(cap)) {
+		if (++s->spin_long > 1)
+			b /= 2;
+	} else {
+		s->spin_long = 0;
+		if (b < 2 * waited)
+			b = 2 * waited;
+		if (b < SPIN_MIN_NS)
+			b = SPIN_MIN_NS;
+		if (b > cap)
+			b = cap;
+	}
+	s->spin_ns = b;
 }
 
 /* The spin a blocking call on s starts with (ns; 0: none). */
