@@ -33,7 +33,7 @@ POLLOUT = _ll.POLLOUT
 _POLL_ENV = "RSOCK_LOOP_POLL_US"
 # A little more than a synchronous Python client takes between requests (an
 # httpx client against uvicorn: 200-250 us here), so a busy connection is
-# polled through that gap (no wake-up per request; session 19: uvicorn+httpx
+# polled through that gap (no wake-up per request: uvicorn+httpx
 # keep-alive 1.05x-1.09x -> 1.25x-1.30x TCP, aiohttp and websockets new
 # connections ~1.25x -> ~1.5x); peers slower than twice that stop being
 # polled (the budget adapts, below), and an idle loop burns nothing.

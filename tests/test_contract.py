@@ -948,7 +948,7 @@ def test_ipv4_mapped_addresses(sockmod: ModuleType, transport: str) -> None:
     IPv6-only one on the same port (asyncio's start_server(host=None) makes
     both), and the IPv4 listener sees an IPv4 peer; an AF_INET6 listener
     bound to a mapped address takes IPv4 clients (rsock took the wrong
-    listener, and refused the third case, before session 22)."""
+    listener, and refused the third case)."""
     if not has_ipv6_loopback():
         pytest.skip("no IPv6 loopback here")
     if transport == "tcp" or FAST_PROVIDER != "verbs":

@@ -819,7 +819,7 @@ def test_event_loop_receive_kicks_nothing() -> None:
     recv_bytes: rsk_recv_zc, then rsk_recv_done) makes no system call that
     writes: the bytes held between the two calls showed as readable, so
     the first call kicked the notify fd and the second drained it again, a
-    write(2) per message on every receiving loop (session 28).  rsock's own
+    write(2) per message on every receiving loop.  rsock's own
     notify fd: no TCP counterpart."""
     import rsock
     from rsock import _lowlevel as _ll

@@ -201,7 +201,7 @@ def test_close_with_linger_zero_resets(sockmod: ModuleType, transport: str) -> N
     """SO_LINGER (on, 0 s): close() is abortive, as Twisted's abortConnection
     does it: the peer reads what had arrived, then ConnectionResetError, then
     EOF; its sends fail.  (rsock closed such a socket with a FIN: the peer saw
-    a clean end.  Found by running Twisted, session 23.)"""
+    a clean end.  Found by running Twisted.)"""
     client, server = connected_pair(sockmod)
     with client, server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -222,7 +222,7 @@ def test_reset_after_fin_keeps_eof(sockmod: ModuleType, transport: str) -> None:
     (FIN, then RST; Twisted's loseConnection does this): recv keeps reporting
     EOF, as Linux TCP reads once the FIN is in, and sends fail with
     BrokenPipeError.  (rsock raised ConnectionResetError from recv when the
-    reset had arrived before the read.  Found by running Twisted, session 23.)"""
+    reset had arrived before the read.  Found by running Twisted.)"""
     client, server = connected_pair(sockmod)
     with client, server:
         server.shutdown(socket.SHUT_WR)
@@ -269,7 +269,7 @@ def test_unclosed_sockets_in_a_reference_cycle(sockmod: ModuleType, transport: s
     ResourceWarning.  rsock's engine handle was freed by cffi's ffi.gc(), whose
     finalizer the collector may run before the socket's __del__: that then
     closed freed memory (a hang in this test, at exit of programs that kept
-    a thread's traceback with its sockets; found by a probe, session 23)."""
+    a thread's traceback with its sockets; found by a probe)."""
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_CYCLE), transport],
         capture_output=True,
@@ -287,7 +287,7 @@ def test_so_error_of_a_reset_behind_unread_data(sockmod: ModuleType, transport: 
     """The peer sends, then closes with our data unread (a reset): SO_ERROR
     reads ECONNRESET at once, then recv gives the data, then EOF, as TCP's.
     (rsock's SO_ERROR read 0 until the data was read, and recv raised the
-    reset after it.  Found by a matrix of connection endings, session 23.)"""
+    reset after it.  Found by a matrix of connection endings.)"""
     client, server = connected_pair(sockmod)
     with client, server:
         client.sendall(b"U" * 1000)

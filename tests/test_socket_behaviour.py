@@ -182,7 +182,7 @@ def test_shutdown_wr_half_close(pair: Pair) -> None:
 def test_data_after_shutdown_rd_is_still_read(pair: Pair) -> None:
     """Bytes the peer sends after our ``shutdown(SHUT_RD)`` are read, then
     EOF: Linux TCP queues them.  (rsock read EOF at once while nothing had
-    taken them in, session 26.)"""
+    taken them in.)"""
     client, server = pair
     client.settimeout(10)
     server.settimeout(10)
@@ -207,7 +207,7 @@ def test_data_after_shutdown_rdwr_resets(pair: Pair, watched: bool) -> None:
     EOF), the shut socket's next read raises ``ConnectionResetError``;
     whether the shut socket's ``fileno()`` is watched (a selector's, an
     event loop's) or its process never looks at it until then.  (rsock's
-    sends went on until the peer's ring was full, session 23-25.)"""
+    sends went on until the peer's ring was full.)"""
     client, server = pair
     if not watched and getattr(server, "provider", None) == "verbs":
         pytest.skip("over verbs an idle peer answers at its next call (README)")

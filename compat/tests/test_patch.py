@@ -749,7 +749,7 @@ print("threads:", errors, [t.is_alive() for t in threads])
 @pytest.mark.parametrize("kind", ["tcp", "rsock"])
 def test_trio_routes_end(kind: str, tmp_path: Path) -> None:
     """A routed connection's end, as trio programs meet it (found by running
-    them, session 23): the peer of an idle connection closes (the notify fd
+    them): the peer of an idle connection closes (the notify fd
     stayed readable: a 100% CPU spin until someone read; httpx's pool on
     trio after hypercorn's keep-alive timeout), a stream dropped without a
     close (the route kept the socket alive: the peer never saw EOF), a socket
@@ -818,7 +818,7 @@ def test_trio_polls_busy_connections(kind: str, tmp_path: Path) -> None:
     """trio about to sleep while a task waits on an rsock connection that
     was active within RSOCK_LOOP_POLL_US: the ring is busy-polled first,
     as rsock.asyncio's poller does (trio's 64 B round trips 0.89x -> 1.75x
-    TCP's, session 28), and an idle wait costs no CPU.  TCP (plain Python)
+    TCP's), and an idle wait costs no CPU.  TCP (plain Python)
     is the oracle of what the program sees."""
     proc = run_as_proc(kind, _TRIO_POLLS, tmp_path, timeout=60)
     assert proc.stdout.splitlines() == ["round trips: 300", "idle wait: idle"], proc.stdout
@@ -1332,7 +1332,7 @@ def echo(ws):
     for message in ws:
         ws.send(message)
 # (no TLS 1.3 session tickets: with them the TCP oracle itself stalled in the
-# opening handshake about once in 20 runs, session 27: websockets' threads read
+# opening handshake about once in 20 runs: websockets' threads read
 # and write one TLS socket at once; 0 in 100 without)
 server_ctx.num_tickets = 0
 with serve(echo, "127.0.0.1", 0, ssl=server_ctx) as server:
@@ -1340,7 +1340,7 @@ with serve(echo, "127.0.0.1", 0, ssl=server_ctx) as server:
     t.start()
     port = server.socket.getsockname()[1]
     # (a generous handshake timeout: the TCP oracle's timed out at websockets'
-    # 10 s default twice in a loaded full-suite run, session 25)
+    # 10 s default twice in a loaded full-suite run)
     with connect(f"wss://localhost:{{port}}", ssl=client_ctx, open_timeout=60) as ws:
         ws.send(b"m" * 100000)
         print("websockets", len(ws.recv(timeout=10)))
