@@ -281,8 +281,8 @@ def test_blocked_calls_do_not_burn_cpu(
 @pytest.mark.timeout_s(60)
 def test_blocking_spin_follows_the_peer(monkeypatch: pytest.MonkeyPatch) -> None:
     """A blocking recv spins at most RSOCK_SPIN_US before it sleeps, and less on a
-    connection whose answers take longer than that (a quarter more allowed for
-    the wake-up): no spin the budget allows catches them, so from the second
+    connection whose answers take longer than that: no spin the budget
+    allows catches them, so from the second
     such wait on, each halves the spin, until the call sleeps at once (no CPU
     burnt while it waits for a slow peer); answers that come within the budget
     again make it spin again, and the spin then catches them.  (rsock only: a
@@ -362,3 +362,38 @@ def asyncio_idle(transport: str) -> None:
         await server.wait_closed()
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout_s(60)
+def test_blocking_spin_stops_for_answers_a_little_slower_than_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Answers that come a little after the spin budget (23 ms against 20 ms:
+    requests at a fixed rate slightly slower than the cap): after the
+    first few, a wait sleeps at once instead of spinning all of its budget
+    and then sleeping anyway.  (rsock only.)"""
+    import rsock
+
+    monkeypatch.setenv("RSOCK_SPIN_US", "20000")
+    client, server = connected_pair(rsock)
+
+    def serve() -> None:
+        while b := server.recv(1):
+            time.sleep(0.023)
+            server.sendall(b)
+
+    peer = Background(serve, "answer")
+    try:
+        cpu = []
+        for _ in range(14):
+            client.sendall(b"x")
+            cpu0 = time.thread_time()
+            assert client.recv(1) == b"x"
+            cpu.append(time.thread_time() - cpu0)
+        print("\nCPU ms per wait:", [round(c * 1000, 1) for c in cpu])
+        assert cpu[0] > 0.012, cpu  # (the first spins its budget)
+        assert max(cpu[-3:]) < 0.004, cpu
+    finally:
+        client.close()
+        peer.result(timeout=10)
+        server.close()

@@ -289,15 +289,17 @@ static int eng_sleep(rsk_sock *s, int64_t deadline)
  * as an event loop's polling does (rsock/asyncio.py, _LoopPoller.touch):
  * a wait that ended after `waited` ns (spin, sleep and wake-up included)
  * raises the budget to twice that, at most opts.spin_us, unless it took
- * longer than opts.spin_us and a quarter (SPIN_LONG: no spin the cap
- * allows would have caught it; the quarter is for the wake-up that a
- * wait which slept includes): the second such wait in a row halves the
- * budget, and below SPIN_MIN_NS the call sleeps at once (a peer that slow
- * gains nothing from a spin: an idle keep-alive connection, a slow server,
- * a client that thinks ~700 us between requests against a 500 us cap),
- * until a quicker wait comes.  One slow answer is not a tempo.
+ * longer than opts.spin_us (SPIN_LONG: no spin the cap allows catches
+ * it): the second such wait in a row halves the budget, and below
+ * SPIN_MIN_NS the call sleeps at once (a peer that slow gains nothing from
+ * a spin: an idle keep-alive connection, a slow server, requests at a
+ * fixed rate a little slower than the cap), until a quicker wait comes.
+ * One slow answer is not a tempo.  No margin for the wake-up a wait that
+ * slept includes: waits a little longer than the cap would otherwise keep
+ * the budget at the cap, and each would spin all of it and sleep as well
+ * (at 1,600 requests/s against a 500 us cap: a CPU per side for nothing).
  */
-#define SPIN_LONG(cap) ((cap) + (cap) / 4)
+#define SPIN_LONG(cap) (cap)
 
 /* s's spin budget as it stands (ns): its own, at most opts.spin_us. */
 static int64_t eng_spin_cur(const rsk_sock *s)
