@@ -1305,6 +1305,15 @@ class Row:
         return text
 
 
+def _cpu_rows(per: str, key: str, digits: int) -> list[Row]:
+    """A case's CPU rows: the client's, the server's and both (JSON keys
+    ``client_<key>``, ``server_<key>`` and ``<key>``)."""
+    return [
+        Row(f"  cpu {side} {per}", f"{side}_{key}" if side != "both" else key, False, digits)
+        for side in ("client", "server", "both")
+    ]
+
+
 def rows_for(test: str, size: int, tag: str, point: str = "") -> list[Row]:
     """The table's rows of a case (``point``: the rate test's point, as labelled)."""
     us = micro()
@@ -1315,9 +1324,7 @@ def rows_for(test: str, size: int, tag: str, point: str = "") -> list[Row]:
             Row(f"  latency p99 {us}", "lat_us_p99", False, 1),
             Row(f"  latency p99.9 {us}", "lat_us_p99_9", False, 1),
             Row(f"  send lag p50 {us}", "send_lag_us_p50", False, 1),
-            Row(f"  cpu client {us}/msg", "client_cpu_us_per_msg", False, 2),
-            Row(f"  cpu server {us}/msg", "server_cpu_us_per_msg", False, 2),
-            Row(f"  cpu both {us}/msg", "cpu_us_per_msg", False, 2),
+            *_cpu_rows(f"{us}/msg", "cpu_us_per_msg", 2),
         ]
     if test == "stream":
         return [
@@ -1329,9 +1336,7 @@ def rows_for(test: str, size: int, tag: str, point: str = "") -> list[Row]:
                 first=True,
                 spread=True,
             ),
-            Row("  cpu client s/GB", "client_cpu_s_per_gb", False, 3),
-            Row("  cpu server s/GB", "server_cpu_s_per_gb", False, 3),
-            Row("  cpu both s/GB", "cpu_s_per_gb", False, 3),
+            *_cpu_rows("s/GB", "cpu_s_per_gb", 3),
         ]
     if test == "msgrate":
         return [
@@ -1343,9 +1348,7 @@ def rows_for(test: str, size: int, tag: str, point: str = "") -> list[Row]:
                 first=True,
                 spread=True,
             ),
-            Row("  cpu client ns/msg", "client_cpu_ns_per_msg", False, 0),
-            Row("  cpu server ns/msg", "server_cpu_ns_per_msg", False, 0),
-            Row("  cpu both ns/msg", "cpu_ns_per_msg", False, 0),
+            *_cpu_rows("ns/msg", "cpu_ns_per_msg", 0),
         ]
     if test == "idle":
         return [
@@ -1357,18 +1360,14 @@ def rows_for(test: str, size: int, tag: str, point: str = "") -> list[Row]:
     if test == "connrate":
         return [
             Row(f"connrate [{tag}]  conn/s", "conn_per_s_median", True, 0, first=True, spread=True),
-            Row(f"  cpu client {us}/conn", "client_cpu_us_per_conn", False, 1),
-            Row(f"  cpu server {us}/conn", "server_cpu_us_per_conn", False, 1),
-            Row(f"  cpu both {us}/conn", "cpu_us_per_conn", False, 1),
+            *_cpu_rows(f"{us}/conn", "cpu_us_per_conn", 1),
         ]
     return [
         Row(f"pingpong {fmt_size(size)} [{tag}]  RTT p50 {us}", "rtt_us_p50", False, 1, first=True),
         Row(f"  RTT p90 {us}", "rtt_us_p90", False, 1),
         Row(f"  RTT p99 {us}", "rtt_us_p99", False, 1),
         Row(f"  RTT p99.9 {us}", "rtt_us_p99_9", False, 1),
-        Row(f"  cpu client {us}/RT", "client_cpu_us_per_rt", False, 1),
-        Row(f"  cpu server {us}/RT", "server_cpu_us_per_rt", False, 1),
-        Row(f"  cpu both {us}/RT", "cpu_us_per_rt", False, 1),
+        *_cpu_rows(f"{us}/RT", "cpu_us_per_rt", 1),
     ]
 
 
