@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m rsock.bench apps",
         description="Unmodified framework programs (rsock/bench/apps) with plain Python "
         "(TCP) and under `python -m rsock run` with RSOCK_FALLBACK=strict (rsock), "
-        "interleaved rep by rep, server and client pinned to two CPUs; prints the median "
+        "interleaved rep by rep, placed by the scheduler (--pin split: pinned to two CPUs); "
+        "prints the median "
         "of each side and rsock/TCP (> 1: rsock is better).  A case whose connections did "
         "not all take the fast path fails.",
     )
@@ -196,9 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--pin",
         choices=("split", "none"),
-        default="split",
-        help="split: servers on the first CPU, clients on the second (default); "
-        "none: leave placement to the scheduler",
+        default="none",
+        help="none: leave placement to the scheduler (default: the placement a user "
+        "gets); split: servers on the first CPU, clients on the second",
     )
     ap.add_argument(
         "--timeout",
