@@ -97,7 +97,7 @@ def test_no_device_no_rdma_core_mapped() -> None:
         "print(c.provider, any('libibverbs' in m or 'librdmacm' in m\n"
         "      for m in open('/proc/self/maps')))\n"
     )
-    proc = _run(code)
+    proc = _run(code, RSOCK_PROVIDER="")  # (the default: shm to this host)
     assert proc.returncode == 0, proc.stderr
     provider, mapped = proc.stdout.split()
     assert provider == "shm"
