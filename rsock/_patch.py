@@ -258,13 +258,12 @@ class socket(_Std, metaclass=_SocketMeta):
             # an ordinary stdlib socket; its __init__ runs as usual.  A new
             # TCP one (PySocks' socksocket) is a kernel connection: a report
             # shows it (ssl's adopt an fd: not new)
+            made = super().__new__(cls)
             if _active and _wants_rsock(family, type, proto, fileno):
                 _note("kernel:tcp")
                 if census is not None:  # (its fd is made by __init__, later)
-                    made = super().__new__(cls)
                     census(made)
-                    return made
-            return super().__new__(cls)
+            return made
         why = _stays_stdlib() if _active else "rsock"
         ours = not why
         if _wants_rsock(family, type, proto, fileno):

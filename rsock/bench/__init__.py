@@ -1262,13 +1262,7 @@ def summarize_test(case: Case) -> dict[str, Any]:
     rtt = sorted(x / 1000.0 for x in case.client["rtt_ns"])
     c, s = reps[-1]
     return {
-        "rtt_us_p50": percentile(rtt, 50),
-        "rtt_us_p90": percentile(rtt, 90),
-        "rtt_us_p99": percentile(rtt, 99),
-        "rtt_us_p99_9": percentile(rtt, 99.9),
-        "rtt_us_min": rtt[0],
-        "rtt_us_max": rtt[-1],
-        "rtt_us_mean": sum(rtt) / len(rtt),
+        **_rate.spread(rtt, "rtt_us"),
         "rounds": len(rtt),
         "client_cpu_us_per_rt": c["cpu_s"] / c["count"] * 1e6,
         "server_cpu_us_per_rt": s["cpu_s"] / s["count"] * 1e6,

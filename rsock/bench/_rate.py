@@ -67,6 +67,17 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[min(max(rank, 1), len(sorted_values)) - 1]
 
 
+def spread(sorted_values: list[float], prefix: str) -> dict[str, float]:
+    """``<prefix>_p50``, ``_p90``, ``_p99``, ``_p99_9``, ``_min``, ``_max`` and
+    ``_mean`` of an ascending list (latencies, round trips)."""
+    out = {f"{prefix}_p{str(p).replace('.', '_')}": percentile(sorted_values, p)
+           for p in (50, 90, 99, 99.9)}  # fmt: skip
+    out[f"{prefix}_min"] = sorted_values[0]
+    out[f"{prefix}_max"] = sorted_values[-1]
+    out[f"{prefix}_mean"] = sum(sorted_values) / len(sorted_values)
+    return out
+
+
 def period_ns(rate: float) -> int:
     """The schedule's period in whole nanoseconds for ``rate`` messages/s."""
     if not rate > 0:
@@ -234,13 +245,7 @@ def summarize(client: dict[str, Any], server: dict[str, Any]) -> dict[str, Any]:
         "target_per_s": client["rate_target"],
         "achieved_per_s": sum(c["count"] - 1 for c, _ in reps) / spans * 1e9 if spans else 0.0,
         "messages": count,
-        "lat_us_p50": percentile(lat, 50),
-        "lat_us_p90": percentile(lat, 90),
-        "lat_us_p99": percentile(lat, 99),
-        "lat_us_p99_9": percentile(lat, 99.9),
-        "lat_us_min": lat[0],
-        "lat_us_max": lat[-1],
-        "lat_us_mean": sum(lat) / len(lat),
+        **spread(lat, "lat_us"),
         "send_lag_us_p50": percentile(lag, 50),
         "send_lag_us_p99": percentile(lag, 99),
         "send_lag_us_max": lag[-1],
